@@ -1,0 +1,47 @@
+"""``ForwardBatch``: one step's inputs as torch tensors, the executor's contract with the engine.
+
+The engine builds it from the Rust core's ``StepPlan`` (zero-copy ``torch.from_numpy`` views on the
+CPU, non-blocking copies to the device). Tests may build it by hand. Field meanings follow
+``crates/yoco-core/src/sched/plan.rs``; shapes use R rows, T scheduled tokens (``T_pad`` with padding),
+G KV groups, X cross rows (``X_pad`` with padding), C copy ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    num_tokens: int
+    """T: real scheduled tokens; ``input_ids[T:]`` is padding (id 0, position 0, slot 0 of block 0)."""
+    input_ids: torch.Tensor
+    """[T_pad] int64 (or int32) token ids."""
+    positions: torch.Tensor
+    """[T_pad] int64 absolute positions."""
+    query_start_loc: torch.Tensor
+    """[R+1] int32 prefix sums of scheduled tokens per row."""
+    seq_lens: torch.Tensor
+    """[R] int32 context length after this step; queries are bottom-right aligned to it."""
+    block_tables: list[torch.Tensor]
+    """Per group, [R, max_blocks_per_seq] int32 block ids of each row (0 = null/skipped)."""
+    slot_mapping: torch.Tensor
+    """[G, T_pad] int64 KV slot (block * block_size + offset) of each token in each group."""
+    kv_copies: torch.Tensor
+    """[C, 4] int32 rows (group, src_block, dst_block, num_tokens), applied before the forward."""
+    num_cross: int
+    """X: real cross rows; ``cross_indices[X:]`` repeats the last index."""
+    cross_indices: torch.Tensor
+    """[X_pad] int64 token indices whose final hidden state (and logits) are needed, ascending."""
+    cross_query_start_loc: torch.Tensor
+    """[R+1] int32 prefix sums of cross rows per row (the trailing tokens of each row's chunk)."""
+    max_query_len: int = 0
+    """max over rows of scheduled tokens (1 means pure decode); 0 = unknown, compute if needed."""
+    max_seq_len: int = 0
+    """max over rows of ``seq_lens``; 0 = unknown."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.seq_lens.shape[0])
