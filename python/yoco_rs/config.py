@@ -1,0 +1,144 @@
+"""``EngineConfig``: every engine setting in one validated object, named like vLLM's flags.
+
+``Engine(model, **kwargs)`` and ``yoco-serve --flag`` map 1:1 onto these fields (``--max-model-len``
+is ``max_model_len``). ``None`` means "pick what suits the device and the model"; ``resolve()`` turns
+the config into concrete values once the model and the device are known, and its errors name the
+value that would work (for example the largest ``max_model_len`` the KV pool can hold).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional, Union
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_POLICIES = ("fcfs", "priority")
+
+
+def _err(name: str, allowed: str, got) -> ValueError:
+    return ValueError(f"{name} must be {allowed}, got {got!r}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings. Construct directly or through ``Engine(model, **fields)``."""
+
+    model: Optional[str] = None
+    """Checkpoint directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json).
+    None: the bundled tiny default model (random weights, real tokenizer and chat template)."""
+    tokenizer: Optional[str] = None
+    """Directory holding tokenizer.json / tokenizer_config.json; None: the model directory."""
+    dtype: str = "auto"
+    """auto | float32 | bfloat16 | float16. auto: bfloat16 on CUDA, float32 on CPU."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N. auto: cuda when available."""
+    seed: int = 0
+    """Engine seed: requests without their own ``seed`` derive theirs from it."""
+
+    max_model_len: Optional[int] = None
+    """Context limit (prompt + output tokens). None: the model's ``max_position_embeddings``, capped by
+    what the KV pool holds."""
+    max_num_seqs: Optional[int] = None
+    """Most requests running at once. None: 256 on CUDA, 64 on CPU."""
+    max_num_batched_tokens: Optional[int] = None
+    """Token budget per step (longer prompts are prefilled in chunks). None: 8192 on CUDA, 2048 on CPU."""
+    block_size: Optional[int] = None
+    """KV block size in tokens (a power of two). None: 64 on CUDA, 16 on CPU."""
+    sub_block_size: Optional[int] = None
+    """Prefix-cache match grain in tokens; divides ``block_size``. None: ``min(16, block_size)``."""
+    enable_prefix_caching: bool = True
+    kv_sharing_fast_prefill: bool = True
+    """YOCO fast prefill: the KV-sharing layers run only on rows whose logits are needed."""
+    kv_cache_memory: Optional[Union[int, float]] = None
+    """KV pool size: an int is bytes for the KV cache; a float in (0, 1] is the fraction of device
+    memory the engine may use in total (weights and activations included, like vLLM's
+    ``gpu_memory_utilization``). None: 0.9 on CUDA, 1 GiB on CPU."""
+    num_gpu_blocks_override: Optional[int] = None
+    """Exact number of usable KV blocks per group (overrides ``kv_cache_memory``; vLLM's name)."""
+    enforce_eager: bool = False
+    """Skip CUDA graph capture (faster startup, slower steps). Ignored on CPU."""
+    scheduling_policy: str = "fcfs"
+    """fcfs | priority (lower ``priority`` value first; preempts the least important)."""
+    max_logprobs: int = 20
+    """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
+    enable_kv_events: bool = False
+    """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("model", "tokenizer"):
+            v = getattr(self, name)
+            if v is not None:
+                if isinstance(v, os.PathLike):
+                    v = os.fspath(v)
+                    setattr(self, name, v)
+                if not isinstance(v, str) or not v:
+                    raise _err(name, "a directory path or None", v)
+        if self.dtype not in _DTYPES:
+            raise _err("dtype", "one of " + ", ".join(_DTYPES), self.dtype)
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
+        ):
+            raise _err("device", "auto, cpu, cuda or cuda:N", self.device)
+        if not _is_int(self.seed):
+            raise _err("seed", "an integer", self.seed)
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise _err(name, "an integer >= 1 or None (auto)", v)
+        if self.block_size is not None:
+            b = self.block_size
+            if not _is_int(b) or b < 1 or b & (b - 1):
+                raise _err("block_size", "a power of two >= 1 (e.g. 16) or None (auto)", b)
+        if self.sub_block_size is not None:
+            s = self.sub_block_size
+            if not _is_int(s) or s < 1:
+                raise _err("sub_block_size", "an integer >= 1 dividing block_size, or None", s)
+            if self.block_size is not None and self.block_size % s:
+                divisors = [d for d in range(1, self.block_size + 1) if self.block_size % d == 0]
+                raise _err("sub_block_size", f"a divisor of block_size={self.block_size} ({divisors})", s)
+        for name in ("enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager", "enable_kv_events"):
+            if not isinstance(getattr(self, name), bool):
+                raise _err(name, "a bool", getattr(self, name))
+        m = self.kv_cache_memory
+        if m is not None:
+            if isinstance(m, bool) or not isinstance(m, (int, float)):
+                raise _err("kv_cache_memory", "bytes (int) or a fraction in (0, 1] (float), or None", m)
+            if isinstance(m, float) and not 0.0 < m <= 1.0:
+                raise _err("kv_cache_memory", "a fraction in (0, 1] when a float (use an int for bytes)", m)
+            if isinstance(m, int) and m < 1:
+                raise _err("kv_cache_memory", "a positive number of bytes when an int", m)
+        if self.num_gpu_blocks_override is not None and (
+            not _is_int(self.num_gpu_blocks_override) or self.num_gpu_blocks_override < 1
+        ):
+            raise _err("num_gpu_blocks_override", "an integer >= 1 or None", self.num_gpu_blocks_override)
+        if self.scheduling_policy not in _POLICIES:
+            raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
+        if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
+            raise _err("max_logprobs", "an integer >= 0", self.max_logprobs)
+
+    @classmethod
+    def from_kwargs(cls, model=None, **kwargs) -> "EngineConfig":
+        """``EngineConfig(model=model, **kwargs)``, with a clear error for an unknown keyword."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine setting(s) {unknown}; known: {sorted(names)}")
+        return cls(model=model, **kwargs)
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+__all__ = ["EngineConfig"]

@@ -1,0 +1,17 @@
+"""Exceptions of the engine's public API.
+
+Bad input is always a ``ValueError`` (a server answers 400 with its message). The classes here are
+for the engine's own state: a server answers 503/500 with them.
+"""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an unexpected error; every pending and future request fails with this.
+    ``__cause__`` holds the original exception."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine is shutting down (or was shut down) and accepts no new requests."""
+
+
+__all__ = ["EngineDeadError", "EngineClosedError"]

@@ -1,0 +1,162 @@
+"""``Tokenizer``: a checkpoint's ``tokenizer.json`` + ``tokenizer_config.json`` (special tokens, chat
+template) without transformers. Encoding and whole-sequence decoding go through the ``tokenizers``
+library; the engine's per-step incremental detokenization and stop strings run in Rust
+(``yoco_rs._core.Detokenizer``) over the same ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from typing import Any, Optional, Sequence
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _token_str(v) -> Optional[str]:
+    """tokenizer_config special tokens are strings or AddedToken dicts."""
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return v.get("content")
+    return str(v)
+
+
+class Tokenizer:
+    """Encode, decode and apply the chat template of one checkpoint directory."""
+
+    def __init__(self, path: str, *, model_config: Optional[dict] = None):
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self.path = os.fspath(path)
+        tok_file = os.path.join(self.path, "tokenizer.json")
+        if not os.path.exists(tok_file):
+            raise ValueError(f"no tokenizer.json in {self.path!r} (the tokenizer directory must hold one)")
+        self.hf = HfTokenizer.from_file(tok_file)
+        self.tokenizer_file = tok_file
+        cfg = _read_json(os.path.join(self.path, "tokenizer_config.json"))
+        gen = _read_json(os.path.join(self.path, "generation_config.json"))
+        model_config = model_config if model_config is not None else _read_json(os.path.join(self.path, "config.json"))
+        self.config = cfg
+        self.chat_template: Optional[str] = cfg.get("chat_template")
+        if self.chat_template is None and os.path.exists(os.path.join(self.path, "chat_template.jinja")):
+            with open(os.path.join(self.path, "chat_template.jinja"), encoding="utf-8") as f:
+                self.chat_template = f.read()
+        self.bos_token = _token_str(cfg.get("bos_token"))
+        self.eos_token = _token_str(cfg.get("eos_token"))
+        self.pad_token = _token_str(cfg.get("pad_token"))
+        self.bos_token_id = self._id_or_none(self.bos_token)
+        self.eos_token_id = self._id_or_none(self.eos_token)
+        self.pad_token_id = self._id_or_none(self.pad_token)
+        self.add_bos_token: bool = bool(cfg.get("add_bos_token", self.bos_token is not None))
+        # EOS ids that stop generation: generation_config (Gemma: <eos> and <end_of_turn>), then the
+        # model config, then the tokenizer's eos token.
+        eos: list[int] = []
+        for src in (gen.get("eos_token_id"), model_config.get("eos_token_id"), self.eos_token_id):
+            if src is None:
+                continue
+            for t in src if isinstance(src, list) else [src]:
+                if int(t) not in eos:
+                    eos.append(int(t))
+        self.eos_token_ids: list[int] = eos
+
+    def _id_or_none(self, tok: Optional[str]) -> Optional[int]:
+        return None if tok is None else self.hf.token_to_id(tok)
+
+    # ---- vocabulary ------------------------------------------------------------------------------
+    @cached_property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def all_special_ids(self) -> list[int]:
+        return sorted(i for i, t in self.hf.get_added_tokens_decoder().items() if t.special)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[Optional[str]]:
+        return [self.hf.id_to_token(int(i)) for i in ids]
+
+    # ---- encode / decode ---------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` prepends ``<bos>`` (as HF does for Gemma).
+        A text that already starts with the bos token (a rendered chat template) does not get a second one."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}")
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id] + ids
+        return ids
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        encs = self.hf.encode_batch(list(texts), add_special_tokens=False)
+        out = []
+        for e in encs:
+            ids = e.ids
+            if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+                if not ids or ids[0] != self.bos_token_id:
+                    ids = [self.bos_token_id] + ids
+            out.append(ids)
+        return out
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    # ---- chat --------------------------------------------------------------------------------------
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        chat_template: Optional[str] = None,
+        **kwargs,
+    ) -> str | list[int]:
+        """Render a conversation with the checkpoint's (or the given) Jinja chat template, as HF does:
+        ``messages`` is a list of ``{"role", "content"}``; extra keyword arguments reach the template."""
+        template = chat_template or self.chat_template
+        if template is None:
+            raise ValueError(f"the tokenizer in {self.path!r} has no chat_template; pass chat_template=...")
+        if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        for i, m in enumerate(messages):
+            if "role" not in m:
+                raise ValueError(f"messages[{i}] has no 'role'")
+        text = _compile(template).render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            pad_token=self.pad_token or "",
+            **kwargs,
+        )
+        if tokenize:
+            # The template already wrote <bos>: encode without adding another.
+            return self.hf.encode(text, add_special_tokens=False).ids
+        return text
+
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _compile(template: str):
+    t = _TEMPLATES.get(template)
+    if t is None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise ValueError(f"chat template error: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        t = _TEMPLATES[template] = env.from_string(template)
+    return t
+
+
+__all__ = ["Tokenizer"]
