@@ -137,10 +137,15 @@ def train_tokenizer():
     assert tok.get_vocab_size() <= VOCAB_SIZE, tok.get_vocab_size()
     for i, s in enumerate(SPECIALS):
         assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
-    # <start_of_turn>/<end_of_turn>/<bos>/... are special (skipped by skip_special_tokens); <0xNN> are not.
-    from tokenizers import AddedToken
-
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    # The byte pieces were reserved as trainer special tokens only to pin their ids (6..261); like
+    # Gemma's they must be ordinary vocabulary pieces (byte fallback, never skipped as special).
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in SPECIALS]
+    for t in data["added_tokens"]:
+        t["special"] = True
+    tok = Tokenizer.from_str(json.dumps(data))
+    for b in (0, 0x41, 0xFF):
+        assert tok.token_to_id(f"<0x{b:02X}>") == len(SPECIALS) + b
     return tok
 
 

@@ -1,0 +1,185 @@
+//! [`TextBatch`]: the text state of every live request, advanced for a whole step in one call.
+
+use rustc_hash::FxHashMap;
+use tokenizers::Tokenizer;
+
+use crate::incremental::{decode, IncrementalDecoder};
+use crate::stop::StopStrings;
+use crate::PROMPT_CONTEXT_TOKENS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("request {0} is already registered")]
+    Duplicate(u64),
+}
+
+/// Finish codes of `yoco_core::sched::plan::FinishReason` that mean "stopped by a sampled stop token
+/// or EOS": that token's text is left out unless `include_stop_str_in_output` (vLLM semantics).
+const FINISH_EOS: u8 = 1;
+const FINISH_STOP_TOKEN: u8 = 2;
+
+/// Per-request text options (from `SamplingParams`).
+#[derive(Debug, Clone, Default)]
+pub struct SeqOptions {
+    pub skip_special_tokens: bool,
+    pub include_stop_str_in_output: bool,
+    pub stop: Vec<String>,
+    /// Produce per-step deltas (streaming); otherwise only the final text is read.
+    pub stream: bool,
+}
+
+#[derive(Debug)]
+struct SeqText {
+    decoder: IncrementalDecoder,
+    text: String,
+    /// Bytes of `text` already returned as deltas.
+    emitted: usize,
+    stops: StopStrings,
+    opts: SeqOptions,
+    /// Stopped by a stop string (text truncated, nothing more is appended).
+    stopped: bool,
+}
+
+/// What one [`TextBatch::step`] produced, as flat arrays over the step's input positions `k`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StepText {
+    /// Positions whose (streaming) request has new text, ascending.
+    pub delta_idx: Vec<u32>,
+    /// The new text of each `delta_idx` entry.
+    pub deltas: Vec<String>,
+    /// Positions whose request matched a stop string this step (the engine finishes it in the core).
+    pub stop_idx: Vec<u32>,
+    /// Which of the request's stop strings matched, per `stop_idx` entry.
+    pub stop_which: Vec<u32>,
+}
+
+impl StepText {
+    fn clear(&mut self) {
+        self.delta_idx.clear();
+        self.deltas.clear();
+        self.stop_idx.clear();
+        self.stop_which.clear();
+    }
+}
+
+/// The text state of all live requests.
+pub struct TextBatch {
+    tok: Tokenizer,
+    seqs: FxHashMap<u64, SeqText>,
+    out: StepText,
+}
+
+impl TextBatch {
+    pub fn new(tok: Tokenizer) -> Self {
+        Self { tok, seqs: FxHashMap::default(), out: StepText::default() }
+    }
+
+    pub fn from_file(path: &str) -> Result<Self, TextError> {
+        Ok(Self::new(Tokenizer::from_file(path).map_err(|e| TextError::Tokenizer(e.to_string()))?))
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tok
+    }
+
+    /// Registers a request; its first output token is decoded in the context of the prompt's tail.
+    pub fn add(&mut self, id: u64, prompt: &[u32], opts: SeqOptions) -> Result<(), TextError> {
+        if self.seqs.contains_key(&id) {
+            return Err(TextError::Duplicate(id));
+        }
+        let ctx = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
+        let stops = StopStrings::new(opts.stop.clone());
+        let seq = SeqText { decoder: IncrementalDecoder::new(ctx), text: String::new(), emitted: 0, stops, opts, stopped: false };
+        self.seqs.insert(id, seq);
+        Ok(())
+    }
+
+    /// Forgets a request (abort, or after its final text was taken). Unknown ids: false.
+    pub fn remove(&mut self, id: u64) -> bool {
+        self.seqs.remove(&id).is_some()
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// The request's text so far (stop string already cut).
+    pub fn text(&self, id: u64) -> Option<&str> {
+        self.seqs.get(&id).map(|s| s.text.as_str())
+    }
+
+    /// Removes the request and returns its final text.
+    pub fn take(&mut self, id: u64) -> Option<String> {
+        self.seqs.remove(&id).map(|s| s.text)
+    }
+
+    /// Advances the requests of one step. `ids[k]` received `tokens[k]` (-1: none) and has core
+    /// finish code `finish[k]` (0 = running). Ids this batch does not know (requests without
+    /// detokenization) are skipped. A request that matched a stop string ignores later tokens.
+    pub fn step(&mut self, ids: &[u64], tokens: &[i32], finish: &[u8]) -> Result<&StepText, TextError> {
+        self.out.clear();
+        for k in 0..ids.len() {
+            let Some(seq) = self.seqs.get_mut(&ids[k]) else { continue };
+            if seq.stopped {
+                continue;
+            }
+            let code = finish.get(k).copied().unwrap_or(0);
+            let tok = tokens[k];
+            let skip = seq.opts.skip_special_tokens;
+            let old_len = seq.text.len();
+            let stop_token = code == FINISH_EOS || code == FINISH_STOP_TOKEN;
+            if tok >= 0 && !(stop_token && !seq.opts.include_stop_str_in_output) {
+                let piece = seq.decoder.push(&self.tok, tok as u32, skip)?;
+                seq.text.push_str(&piece);
+            }
+            if code != 0 {
+                let rest = seq.decoder.flush(&self.tok, skip)?;
+                seq.text.push_str(&rest);
+            }
+            if let Some((at, which)) = seq.stops.find(&seq.text, old_len) {
+                let keep = if seq.opts.include_stop_str_in_output { at + seq.opts.stop[which].len() } else { at };
+                seq.text.truncate(keep);
+                seq.stopped = true;
+                self.out.stop_idx.push(k as u32);
+                self.out.stop_which.push(which as u32);
+            }
+            if seq.opts.stream {
+                let done = seq.stopped || code != 0;
+                let mut limit = seq.text.len();
+                if !done && !seq.opts.include_stop_str_in_output && !seq.stops.is_empty() {
+                    // Hold back what could be the start of a stop string, so text is never retracted.
+                    limit = limit.saturating_sub(seq.stops.max_len() - 1).max(seq.emitted);
+                    while !seq.text.is_char_boundary(limit) {
+                        limit -= 1;
+                    }
+                }
+                if limit > seq.emitted {
+                    self.out.delta_idx.push(k as u32);
+                    self.out.deltas.push(seq.text[seq.emitted..limit].to_string());
+                    seq.emitted = limit;
+                }
+            }
+        }
+        Ok(&self.out)
+    }
+
+    /// Decodes a whole id sequence.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
+        decode(&self.tok, ids, skip_special)
+    }
+
+    /// Decodes each id on its own (logprob tokens), special tokens included.
+    pub fn decode_each(&self, ids: &[u32]) -> Result<Vec<String>, TextError> {
+        ids.iter().map(|&i| decode(&self.tok, &[i], false)).collect()
+    }
+}
