@@ -432,6 +432,11 @@ impl KvManager {
     /// complete sub-blocks (deferred indexing, so a same-step sibling never copies unwritten KV),
     /// including the partial tail block.
     pub fn commit_computed(&mut self, seq: &mut SeqKv, num_computed: usize) {
+        assert!(
+            num_computed <= seq.tables[0].len() * self.bs,
+            "commit_computed: {num_computed} tokens computed but only {} have slots",
+            seq.tables[0].len() * self.bs
+        );
         seq.num_committed = num_computed;
         if self.config.enable_prefix_caching {
             let upto = (num_computed / self.sbs).min(seq.hashes.len());
@@ -496,6 +501,27 @@ impl KvManager {
             let table = std::mem::take(&mut seq.tables[g]);
             self.release_rev(g, &table[seq.num_null[g] as usize..]);
             seq.num_null[g] = 0;
+        }
+    }
+
+    /// Drops the cached sub-blocks of `blocks` in group `g` (vLLM's `evict_blocks`, e.g. for an
+    /// external invalidation). Free blocks among them become plain free blocks at the LRU head;
+    /// blocks in use stay in their tables, unindexed. Emits `Removed` for hashes left without holder.
+    pub fn evict_cached_blocks(&mut self, g: usize, blocks: &[BlockId]) {
+        for &b in blocks {
+            if b == NULL_BLOCK || !self.indexes[g].is_indexed(b) {
+                continue;
+            }
+            self.orphans.clear();
+            self.indexes[g].pop(b, &mut self.orphans);
+            if self.config.enable_events {
+                let hs = self.orphans.iter().map(|h| h.to_u64()).collect();
+                self.events.removed(g as u32, hs);
+            }
+            if self.pools[g].ref_count(b) == 0 {
+                self.cached_free[g] -= 1;
+                self.pools[g].move_to_front(b);
+            }
         }
     }
 

@@ -202,6 +202,12 @@ impl BlockPool {
         self.free.push_front(b);
     }
 
+    /// Moves a free block to the head (reused first).
+    pub fn move_to_front(&mut self, b: BlockId) {
+        self.free.remove(b);
+        self.free.push_front(b);
+    }
+
     /// Free block ids, head (evicted first) to tail.
     pub fn free_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.free.iter()
