@@ -169,7 +169,8 @@ def test_abort_mid_generation_frees_every_block(engine):
         engine.add_request(f"ab{i}", [2] + [400 + i] * 40, greedy(50))
     for _ in range(4):
         engine.step()
-    assert engine.get_metrics().kv_blocks_used > 0
+    m = engine.get_metrics()
+    assert m.kv_blocks_used > 0 and m.num_requests_running + m.num_requests_waiting == 3
     engine.abort_request("ab1")
     outs = engine.step()
     aborted = [o for o in outs if o.request_id == "ab1"]
