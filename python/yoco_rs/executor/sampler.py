@@ -220,7 +220,9 @@ class Sampler:
 
         sampled = torch.empty(s, dtype=torch.int64, device=dev)
         g = np.nonzero(greedy)[0]
-        if len(g):
+        if len(g) == s:
+            sampled = lg.argmax(dim=-1)
+        elif len(g):
             gt = _t(g, dev)
             sampled[gt] = lg.index_select(0, gt).argmax(dim=-1)
         rnd = np.nonzero(~greedy)[0]
