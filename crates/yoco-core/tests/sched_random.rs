@@ -125,8 +125,8 @@ fn random_requests(rng: &mut StdRng, c: &SchedulerConfig, n: usize) -> Vec<Spec>
     specs
 }
 
-/// One randomized run; returns (requests, steps).
-fn run(seed: u64, num_requests: usize) -> (usize, u64) {
+/// One randomized run; returns (requests, steps, preemptions, prefix-hit tokens, copies, requests stopped early).
+fn run(seed: u64, num_requests: usize) -> (usize, u64, u64, u64, u64, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let c = random_config(&mut rng);
     let specs = random_requests(&mut rng, &c, num_requests);
@@ -197,22 +197,28 @@ fn run(seed: u64, num_requests: usize) -> (usize, u64) {
     for g in 0..s.num_groups() {
         assert_eq!(s.kv().num_free_blocks(g), c.kv.num_blocks[g] - 1, "{ctx}: group {g} leaks blocks");
     }
-    assert_eq!(s.stats().kv.blocks_used, 0, "{ctx}");
-    (specs.len(), step)
+    let st = s.stats();
+    assert_eq!(st.kv.blocks_used, 0, "{ctx}");
+    (specs.len(), step, st.num_preemptions, st.kv.prefix_hit_tokens, st.kv.copies + st.kv.adoptions, gone.len())
 }
 
 #[test]
 fn random_arrivals_aborts_and_pools_reproduce_the_sequential_output() {
     let seeds: u64 = 120;
-    let mut total = 0;
-    let mut steps = 0;
+    let (mut total, mut steps, mut preempt, mut hits, mut copies, mut gone) = (0, 0, 0, 0, 0, 0);
     for seed in 0..seeds {
-        let (n, k) = run(seed, 48);
+        let (n, k, p, h, c, g) = run(seed, 48);
         total += n;
         steps += k;
+        preempt += p;
+        hits += h;
+        copies += c;
+        gone += g;
     }
+    eprintln!("{total} requests, {steps} steps, {preempt} preemptions, {hits} prefix-hit tokens, {copies} copies/adoptions, {gone} stopped early");
+    // The runs exercise what they claim to.
     assert!(total >= 5000, "thousands of requests: {total}");
-    eprintln!("{total} requests over {steps} steps");
+    assert!(preempt > 100 && hits > 1000 && copies > 50 && gone > 100);
 }
 
 /// The reference function the randomized test compares with is what a sequential run gives: one

@@ -372,3 +372,15 @@ impl Scheduler {
         super::invariants::check(self)
     }
 }
+
+impl Drop for Scheduler {
+    /// Gives every live request's KV state back, so dropping a busy scheduler (engine shutdown)
+    /// is not mistaken for a leak.
+    fn drop(&mut self) {
+        for r in self.reqs.iter_mut().flatten() {
+            if let Some(seq) = r.kv.take() {
+                self.kv.free(seq);
+            }
+        }
+    }
+}
