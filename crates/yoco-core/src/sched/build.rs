@@ -88,6 +88,12 @@ impl Scheduler {
         p.seq_lens.reserve(num_rows);
         p.query_start_loc.reserve(num_rows + 1);
         p.cross_query_start_loc.reserve(num_rows + 1);
+        // Exact capacities: after `take_plan` (the Python path) the buffers start empty each step.
+        p.logits_indices.reserve(num_rows);
+        p.sample_rows.reserve(num_rows);
+        p.logits_cross_pos.reserve(num_rows);
+        p.dirty_rows.reserve(num_rows);
+        p.cross_indices.reserve(num_rows.max(padded(&self.cfg.cross_capture_sizes, num_rows as u32) as usize));
         p.input_ids.reserve(t_pad as usize);
         p.positions.reserve(t_pad as usize);
         p.slot_mapping.resize(groups * t_pad as usize, 0);
@@ -170,6 +176,7 @@ impl Scheduler {
         for op in self.kv.take_copy_ops() {
             p.kv_copies.extend_from_slice(&[op.group as i32, op.src as i32, op.dst as i32, op.num_tokens as i32]);
         }
+        self.pending_samples = p.logits_indices.len();
         self.awaiting_update = num_rows > 0;
         self.plan = p;
     }

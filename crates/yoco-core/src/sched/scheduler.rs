@@ -134,6 +134,8 @@ pub struct Scheduler {
     pub(super) sched: Vec<Scheduled>,
     /// The last plan's rows, for `update`.
     pub(super) pending: Vec<Pending>,
+    /// Sampling rows among `pending`.
+    pub(super) pending_samples: usize,
     /// A plan was handed out and `update` has not consumed it.
     pub(super) awaiting_update: bool,
 }
@@ -166,6 +168,7 @@ impl Scheduler {
             num_preemptions: 0,
             sched: Vec::new(),
             pending: Vec::new(),
+            pending_samples: 0,
             awaiting_update: false,
         })
     }

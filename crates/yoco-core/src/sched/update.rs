@@ -12,7 +12,7 @@ impl Scheduler {
         self.outcome.req_ids.clear();
         self.outcome.new_tokens.clear();
         self.outcome.finish_reasons.clear();
-        let expected = if self.awaiting_update { self.pending.iter().filter(|p| p.samples).count() } else { 0 };
+        let expected = if self.awaiting_update { self.pending_samples } else { 0 };
         if sampled.len() != expected {
             let why = if self.awaiting_update { "one per logits_indices entry of the last plan" } else { "no plan awaits update" };
             return Err(Error::Request(format!("update: expected {expected} sampled token ids ({why}), got {}", sampled.len())));
@@ -24,6 +24,9 @@ impl Scheduler {
             return Ok(());
         }
         self.awaiting_update = false;
+        self.outcome.req_ids.reserve(expected);
+        self.outcome.new_tokens.reserve(expected);
+        self.outcome.finish_reasons.reserve(expected);
 
         let max_model_len = self.cfg.max_model_len;
         let mut next = 0;
