@@ -52,7 +52,16 @@ fn fnv(h: u64, x: u64) -> u64 {
 
 impl Req {
     fn new(tokens: Vec<u32>, target_len: usize, extras: HashExtras, ns: u64, skip: bool) -> Self {
-        let mut r = Req { ids: Vec::new(), tokens: Vec::new(), target_len, extras, ns, skip, kv: None, num_computed: 0 };
+        let mut r = Req {
+            ids: Vec::new(),
+            tokens: Vec::new(),
+            target_len,
+            extras,
+            ns,
+            skip,
+            kv: None,
+            num_computed: 0,
+        };
         for t in tokens {
             r.push(t);
         }
@@ -99,7 +108,11 @@ impl<'a> Harness<'a> {
         c.enable_events = cfg.events;
         c.max_num_batched_tokens = cfg.max_batched;
         let m = KvManager::new(kv_groups(&cfg.layers).unwrap(), c).unwrap();
-        let slots = cfg.pools.iter().map(|&n| vec![vec![0u64; cfg.bs as usize]; n as usize]).collect();
+        let slots = cfg
+            .pools
+            .iter()
+            .map(|&n| vec![vec![0u64; cfg.bs as usize]; n as usize])
+            .collect();
         Harness {
             cfg,
             m,
@@ -121,7 +134,11 @@ impl<'a> Harness<'a> {
     }
 
     fn windows(&self) -> Vec<Option<usize>> {
-        self.m.groups().iter().map(|g| g.kind.window().map(|w| w as usize)).collect()
+        self.m
+            .groups()
+            .iter()
+            .map(|g| g.kind.window().map(|w| w as usize))
+            .collect()
     }
 
     /// After every manager call.
@@ -135,9 +152,16 @@ impl<'a> Harness<'a> {
         for g in 0..self.ng() {
             for b in 1..self.cfg.pools[g] {
                 for (i, h) in self.m.indexed_hashes(g, b).iter().enumerate() {
-                    let (want, _) = self.content.get(h).unwrap_or_else(|| panic!("op {}: indexed hash {h:?} never hashed", self.ops));
+                    let (want, _) = self.content.get(h).unwrap_or_else(|| {
+                        panic!("op {}: indexed hash {h:?} never hashed", self.ops)
+                    });
                     let have = &self.slots[g][b as usize][i * sbs..(i + 1) * sbs];
-                    assert_eq!(have, &want[..], "op {}: group {g} block {b} sub-block {i} does not hold its indexed KV", self.ops);
+                    assert_eq!(
+                        have,
+                        &want[..],
+                        "op {}: group {g} block {b} sub-block {i} does not hold its indexed KV",
+                        self.ops
+                    );
                 }
             }
         }
@@ -145,17 +169,30 @@ impl<'a> Harness<'a> {
         // events replayed as a set == the index
         for e in self.m.take_events() {
             match e {
-                KvEvent::Stored { group, parent: _, hashes, token_ids, block_size } => {
+                KvEvent::Stored {
+                    group,
+                    parent: _,
+                    hashes,
+                    token_ids,
+                    block_size,
+                } => {
                     assert_eq!(block_size, self.cfg.sbs);
                     assert_eq!(token_ids.len(), hashes.len() * sbs);
                     for (i, h) in hashes.iter().enumerate() {
                         assert!(self.stored[group as usize].insert(*h), "Stored twice: {h}");
-                        assert_eq!(&self.by_u64[h][..], &token_ids[i * sbs..(i + 1) * sbs], "Stored token ids");
+                        assert_eq!(
+                            &self.by_u64[h][..],
+                            &token_ids[i * sbs..(i + 1) * sbs],
+                            "Stored token ids"
+                        );
                     }
                 }
                 KvEvent::Removed { group, hashes } => {
                     for h in hashes {
-                        assert!(self.stored[group as usize].remove(&h), "Removed a hash never stored: {h}");
+                        assert!(
+                            self.stored[group as usize].remove(&h),
+                            "Removed a hash never stored: {h}"
+                        );
                     }
                 }
                 KvEvent::AllCleared => self.stored.iter_mut().for_each(|s| s.clear()),
@@ -163,16 +200,26 @@ impl<'a> Harness<'a> {
         }
         if self.cfg.events {
             for g in 0..self.ng() {
-                assert_eq!(self.stored[g].len(), self.m.num_indexed_hashes(g), "op {}: events disagree with the index", self.ops);
+                assert_eq!(
+                    self.stored[g].len(),
+                    self.m.num_indexed_hashes(g),
+                    "op {}: events disagree with the index",
+                    self.ops
+                );
             }
         }
         // budgets: a sliding group never holds more than the window cap per request
         for (g, w) in self.windows().into_iter().enumerate() {
             if let Some(w) = w {
-                let cap = (w - 1 + self.cfg.max_batched as usize).div_ceil(self.cfg.bs as usize) + 1;
+                let cap =
+                    (w - 1 + self.cfg.max_batched as usize).div_ceil(self.cfg.bs as usize) + 1;
                 for r in &self.running {
                     if let Some(kv) = &r.kv {
-                        assert!(kv.num_live_blocks(g) <= cap, "sliding group {g} holds {} > {cap} blocks", kv.num_live_blocks(g));
+                        assert!(
+                            kv.num_live_blocks(g) <= cap,
+                            "sliding group {g} holds {} > {cap} blocks",
+                            kv.num_live_blocks(g)
+                        );
                     }
                 }
             }
@@ -197,7 +244,14 @@ impl<'a> Harness<'a> {
 
     fn snapshot(&self) -> Vec<(Vec<u32>, Vec<u32>)> {
         (0..self.ng())
-            .map(|g| (self.m.free_block_ids(g), (0..self.cfg.pools[g]).map(|b| self.m.ref_count(g, b)).collect()))
+            .map(|g| {
+                (
+                    self.m.free_block_ids(g),
+                    (0..self.cfg.pools[g])
+                        .map(|b| self.m.ref_count(g, b))
+                        .collect(),
+                )
+            })
             .collect()
     }
 
@@ -235,8 +289,20 @@ impl<'a> Harness<'a> {
         }
         let ns = self.rng.random_range(0..10u32);
         let (extras, nsid) = match ns {
-            0 => (HashExtras { cache_salt: Some("a".into()), lora: None }, 1),
-            1 => (HashExtras { cache_salt: None, lora: Some(("l".into(), "/l".into())) }, 2),
+            0 => (
+                HashExtras {
+                    cache_salt: Some("a".into()),
+                    lora: None,
+                },
+                1,
+            ),
+            1 => (
+                HashExtras {
+                    cache_salt: None,
+                    lora: Some(("l".into(), "/l".into())),
+                },
+                2,
+            ),
             _ => (HashExtras::default(), 0),
         };
         let skip = self.rng.random_bool(0.05);
@@ -246,8 +312,13 @@ impl<'a> Harness<'a> {
     /// Longest prompt + output the smallest full pool can hold (the engine's max_model_len).
     fn max_len(&self) -> usize {
         let windows = self.windows();
-        let min_full = (0..self.ng()).filter(|&g| windows[g].is_none()).map(|g| self.cfg.pools[g] as usize - 1).min();
-        min_full.map_or(64, |n| n * self.cfg.bs as usize - 2).min(64)
+        let min_full = (0..self.ng())
+            .filter(|&g| windows[g].is_none())
+            .map(|g| self.cfg.pools[g] as usize - 1)
+            .min();
+        min_full
+            .map_or(64, |n| n * self.cfg.bs as usize - 2)
+            .min(64)
     }
 
     fn add_request(&mut self) {
@@ -264,7 +335,11 @@ impl<'a> Harness<'a> {
         if max == 0 {
             return 0;
         }
-        if self.rng.random_bool(0.5) { max } else { self.rng.random_range(1..=max) }
+        if self.rng.random_bool(0.5) {
+            max
+        } else {
+            self.rng.random_range(1..=max)
+        }
     }
 
     /// One engine step: schedule running, admit waiting, execute, update.
@@ -286,7 +361,9 @@ impl<'a> Harness<'a> {
             loop {
                 let before = self.snapshot();
                 let r = &mut self.running[i];
-                let res = self.m.allocate(r.kv.as_mut().unwrap(), None, r.num_computed, n, 0);
+                let res = self
+                    .m
+                    .allocate(r.kv.as_mut().unwrap(), None, r.num_computed, n, 0);
                 self.check();
                 if res.is_ok() {
                     scheduled.push((i, self.running[i].num_computed, n));
@@ -325,17 +402,29 @@ impl<'a> Harness<'a> {
             self.running.push(r);
             self.check();
             let ri = self.running.len() - 1;
-            let hit = self.m.lookup(self.running[ri].kv.as_ref().unwrap(), self.running[ri].tokens.len());
+            let hit = self.m.lookup(
+                self.running[ri].kv.as_ref().unwrap(),
+                self.running[ri].tokens.len(),
+            );
             self.check();
             let nc = hit.as_ref().map_or(0, |h| h.num_tokens as usize);
             let len = self.running[ri].tokens.len();
             if let Some(h) = &hit {
-                assert!(h.num_tokens as usize <= len - 1 && h.num_tokens % self.cfg.sbs == 0);
+                assert!(
+                    (h.num_tokens as usize) < len && h.num_tokens % self.cfg.sbs == 0,
+                    "hits never cover the last token"
+                );
                 assert!(!self.running[ri].skip && self.cfg.caching);
             }
             let n = self.chunk(len - nc, budget);
             let before = self.snapshot();
-            let res = self.m.allocate(self.running[ri].kv.as_mut().unwrap(), hit.as_ref(), nc, n, len);
+            let res = self.m.allocate(
+                self.running[ri].kv.as_mut().unwrap(),
+                hit.as_ref(),
+                nc,
+                n,
+                len,
+            );
             self.check();
             match res {
                 Ok(_) => {
@@ -369,8 +458,15 @@ impl<'a> Harness<'a> {
         let sbs = self.cfg.sbs as usize;
         for op in &ops {
             let g = op.group as usize;
-            assert!(self.m.ref_count(g, op.src) >= 1, "copy source {} not pinned", op.src);
-            assert!(self.m.indexed_hashes(g, op.src).len() * sbs >= op.num_tokens as usize, "copy source lost its sub-blocks");
+            assert!(
+                self.m.ref_count(g, op.src) >= 1,
+                "copy source {} not pinned",
+                op.src
+            );
+            assert!(
+                self.m.indexed_hashes(g, op.src).len() * sbs >= op.num_tokens as usize,
+                "copy source lost its sub-blocks"
+            );
             let src = self.slots[g][op.src as usize][..op.num_tokens as usize].to_vec();
             self.slots[g][op.dst as usize][..op.num_tokens as usize].copy_from_slice(&src);
         }
@@ -386,7 +482,11 @@ impl<'a> Harness<'a> {
                     let b = kv.table(g)[p / bs];
                     assert_ne!(b, NULL_BLOCK, "group {g}: position {p} is in the window of a chunk at {start} but unmapped");
                     // (copies already ran: they precede the forward)
-                    assert_eq!(self.slots[g][b as usize][p % bs], r.ids[p], "group {g}: chunk at {start} attends to foreign KV at {p}");
+                    assert_eq!(
+                        self.slots[g][b as usize][p % bs],
+                        r.ids[p],
+                        "group {g}: chunk at {start} attends to foreign KV at {p}"
+                    );
                 }
             }
             for p in start..start + n {
@@ -394,7 +494,11 @@ impl<'a> Harness<'a> {
                     let b = kv.table(g)[p / bs];
                     assert_ne!(b, NULL_BLOCK, "a computed position has no block");
                     let indexed = self.m.indexed_hashes(g, b).len() * sbs;
-                    assert!(p % bs >= indexed, "write into indexed slot {} of block {b}", p % bs);
+                    assert!(
+                        p % bs >= indexed,
+                        "write into indexed slot {} of block {b}",
+                        p % bs
+                    );
                     self.slots[g][b as usize][p % bs] = r.ids[p];
                 }
             }
@@ -411,7 +515,8 @@ impl<'a> Harness<'a> {
             self.m.hash_tokens(r.kv.as_mut().unwrap(), &r.tokens);
             self.check();
             let r = &mut self.running[ri];
-            self.m.commit_computed(r.kv.as_mut().unwrap(), r.num_computed);
+            self.m
+                .commit_computed(r.kv.as_mut().unwrap(), r.num_computed);
             self.check();
         }
         for ri in 0..self.running.len() {
@@ -421,8 +526,15 @@ impl<'a> Harness<'a> {
             let sbs = self.cfg.sbs as usize;
             for (i, h) in kv.sub_block_hashes().iter().enumerate() {
                 if !self.content.contains_key(h) {
-                    self.by_u64.insert(h.to_u64(), r.tokens[i * sbs..(i + 1) * sbs].to_vec());
-                    self.content.insert(*h, (r.ids[i * sbs..(i + 1) * sbs].to_vec(), r.tokens[i * sbs..(i + 1) * sbs].to_vec()));
+                    self.by_u64
+                        .insert(h.to_u64(), r.tokens[i * sbs..(i + 1) * sbs].to_vec());
+                    self.content.insert(
+                        *h,
+                        (
+                            r.ids[i * sbs..(i + 1) * sbs].to_vec(),
+                            r.tokens[i * sbs..(i + 1) * sbs].to_vec(),
+                        ),
+                    );
                 }
             }
         }
@@ -435,7 +547,11 @@ impl<'a> Harness<'a> {
                 for p in 0..r.num_computed {
                     let b = kv.table(g)[p / bs];
                     if b != NULL_BLOCK {
-                        assert_eq!(self.slots[g][b as usize][p % bs], r.ids[p], "group {g}: position {p} reads foreign KV from block {b}");
+                        assert_eq!(
+                            self.slots[g][b as usize][p % bs],
+                            r.ids[p],
+                            "group {g}: position {p} reads foreign KV from block {b}"
+                        );
                     }
                 }
             }
@@ -443,7 +559,8 @@ impl<'a> Harness<'a> {
         // finish / abort
         let mut k = 0;
         while k < self.running.len() {
-            let done = self.running[k].tokens.len() >= self.running[k].target_len && self.running[k].num_computed + 1 >= self.running[k].tokens.len();
+            let done = self.running[k].tokens.len() >= self.running[k].target_len
+                && self.running[k].num_computed + 1 >= self.running[k].tokens.len();
             if done || self.rng.random_bool(0.01) {
                 let mut r = self.running.remove(k);
                 self.m.free(r.kv.take().unwrap());
@@ -502,7 +619,11 @@ impl<'a> Harness<'a> {
             self.check();
         }
         for g in 0..self.ng() {
-            assert_eq!(self.m.num_free_blocks(g), self.cfg.pools[g] - 1, "leaked blocks in group {g}");
+            assert_eq!(
+                self.m.num_free_blocks(g),
+                self.cfg.pools[g] - 1,
+                "leaked blocks in group {g}"
+            );
         }
         let _ = &self.cfg.layers;
     }
@@ -511,12 +632,66 @@ impl<'a> Harness<'a> {
 fn configs() -> Vec<Cfg> {
     use LayerKind::*;
     vec![
-        Cfg { layers: vec![Full], bs: 4, sbs: 4, pools: vec![16], max_batched: 8, vocab: 2, caching: true, events: true },
-        Cfg { layers: vec![Full], bs: 8, sbs: 2, pools: vec![12], max_batched: 8, vocab: 3, caching: true, events: false },
-        Cfg { layers: vec![Full, Sliding { window: 5 }, SharesKv { donor: 1 }], bs: 4, sbs: 2, pools: vec![24, 10], max_batched: 6, vocab: 2, caching: true, events: true },
-        Cfg { layers: vec![Sliding { window: 3 }, Full], bs: 2, sbs: 1, pools: vec![12, 36], max_batched: 4, vocab: 2, caching: true, events: false },
-        Cfg { layers: vec![Full, Sliding { window: 16 }], bs: 8, sbs: 4, pools: vec![12, 10], max_batched: 8, vocab: 3, caching: true, events: true },
-        Cfg { layers: vec![Full, Sliding { window: 4 }], bs: 4, sbs: 4, pools: vec![16, 8], max_batched: 8, vocab: 2, caching: false, events: false },
+        Cfg {
+            layers: vec![Full],
+            bs: 4,
+            sbs: 4,
+            pools: vec![16],
+            max_batched: 8,
+            vocab: 2,
+            caching: true,
+            events: true,
+        },
+        Cfg {
+            layers: vec![Full],
+            bs: 8,
+            sbs: 2,
+            pools: vec![12],
+            max_batched: 8,
+            vocab: 3,
+            caching: true,
+            events: false,
+        },
+        Cfg {
+            layers: vec![Full, Sliding { window: 5 }, SharesKv { donor: 1 }],
+            bs: 4,
+            sbs: 2,
+            pools: vec![24, 10],
+            max_batched: 6,
+            vocab: 2,
+            caching: true,
+            events: true,
+        },
+        Cfg {
+            layers: vec![Sliding { window: 3 }, Full],
+            bs: 2,
+            sbs: 1,
+            pools: vec![12, 36],
+            max_batched: 4,
+            vocab: 2,
+            caching: true,
+            events: false,
+        },
+        Cfg {
+            layers: vec![Full, Sliding { window: 16 }],
+            bs: 8,
+            sbs: 4,
+            pools: vec![12, 10],
+            max_batched: 8,
+            vocab: 3,
+            caching: true,
+            events: true,
+        },
+        Cfg {
+            layers: vec![Full, Sliding { window: 4 }],
+            bs: 4,
+            sbs: 4,
+            pools: vec![16, 8],
+            max_batched: 8,
+            vocab: 2,
+            caching: false,
+            events: false,
+        },
     ]
 }
 
@@ -524,21 +699,34 @@ fn configs() -> Vec<Cfg> {
 fn random_operations_keep_every_invariant_and_every_kv_read_correct() {
     // 1,000,000 calls when optimized (`--profile ci` / `--release`: a few seconds); an unoptimized
     // `cargo test` runs a tenth of that so iterating stays quick (`yoco_optimized` comes from build.rs).
-    let default_ops = if cfg!(yoco_optimized) { 1_000_000 } else { 100_000 };
-    let total: u64 = std::env::var("YOCO_KV_FUZZ_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(default_ops);
-    let seed: u64 = std::env::var("YOCO_KV_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    let default_ops = if cfg!(yoco_optimized) {
+        1_000_000
+    } else {
+        100_000
+    };
+    let total: u64 = std::env::var("YOCO_KV_FUZZ_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_ops);
+    let seed: u64 = std::env::var("YOCO_KV_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
     let cfgs = configs();
     let per = total / cfgs.len() as u64;
     let mut all = [0u64; 8];
     for (i, cfg) in cfgs.iter().enumerate() {
         let mut h = Harness::new(cfg, seed.wrapping_add(i as u64));
         h.run(per);
-        for k in 0..8 {
-            all[k] += h.stats[k];
+        for (a, s) in all.iter_mut().zip(h.stats) {
+            *a += s;
         }
         let met = h.m.metrics();
         if cfg.caching {
-            assert!(met.prefix_hit_tokens > 0, "config {i}: the workload must produce hits");
+            assert!(
+                met.prefix_hit_tokens > 0,
+                "config {i}: the workload must produce hits"
+            );
         }
         eprintln!(
             "config {i}: {} ops, {} steps, {} admissions, {} hit tokens, {} preemptions, {} no-space, {} resets, copies {} ({} tokens), adoptions {}",

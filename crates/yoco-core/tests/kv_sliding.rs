@@ -18,7 +18,12 @@ fn swa_pattern(pattern: &[bool]) -> (KvManager, Vec<u32>, Vec<BlockId>) {
     prefill(&mut m, &mut r, n);
     let ids = r.table(0).to_vec();
     m.free(r);
-    let gone: Vec<BlockId> = ids.iter().zip(pattern).filter(|(_, &p)| !p).map(|(&b, _)| b).collect();
+    let gone: Vec<BlockId> = ids
+        .iter()
+        .zip(pattern)
+        .filter(|(_, &p)| !p)
+        .map(|(&b, _)| b)
+        .collect();
     m.evict_cached_blocks(0, &gone);
     (m, t, ids)
 }
@@ -44,13 +49,25 @@ fn sliding_hits_need_only_the_blocks_in_the_window_before_the_hit() {
         t.push(9999); // room for the whole pattern under the num_tokens - 1 cap
         let mut r = seq(&m, &t);
         let hit = m.lookup(&r, t.len());
-        assert_eq!(hit.as_ref().map_or(0, |h| h.num_tokens as usize), want_blocks * 2, "{pattern:?}");
+        assert_eq!(
+            hit.as_ref().map_or(0, |h| h.num_tokens as usize),
+            want_blocks * 2,
+            "{pattern:?}"
+        );
         if let Some(hit) = hit {
-            m.allocate(&mut r, Some(&hit), hit.num_tokens as usize, 1, t.len()).unwrap();
+            m.allocate(&mut r, Some(&hit), hit.num_tokens as usize, 1, t.len())
+                .unwrap();
             let tab = r.table(0);
             let skip = want_blocks.saturating_sub(2);
-            assert!(tab[..skip].iter().all(|&b| b == NULL_BLOCK), "{pattern:?}: {tab:?}");
-            assert_eq!(&tab[skip..want_blocks], &ids[skip..want_blocks], "{pattern:?}");
+            assert!(
+                tab[..skip].iter().all(|&b| b == NULL_BLOCK),
+                "{pattern:?}: {tab:?}"
+            );
+            assert_eq!(
+                &tab[skip..want_blocks],
+                &ids[skip..want_blocks],
+                "{pattern:?}"
+            );
         }
         m.check_invariants([&r]).unwrap();
         m.free(r);
@@ -99,7 +116,11 @@ fn window_release_frees_the_longer_prefix_first() {
     let ids = r.table(0).to_vec();
     m.allocate(&mut r, None, 7, 1, 0).unwrap(); // skips 4 tokens: blocks 0 and 1 at once
     let free = m.free_block_ids(0);
-    assert_eq!(&free[free.len() - 2..], &[ids[1], ids[0]], "block 1 (longer prefix) is evicted first");
+    assert_eq!(
+        &free[free.len() - 2..],
+        &[ids[1], ids[0]],
+        "block 1 (longer prefix) is evicted first"
+    );
     m.free(r);
 }
 
@@ -136,7 +157,8 @@ fn null_entries_and_live_hit_blocks_cost_no_free_blocks() {
     let mut r0 = seq(&m, &t[..12]);
     // prefill in chunks of 4 so the early blocks are released and only 3 stay live
     for c0 in (0..12).step_by(4) {
-        m.allocate(&mut r0, None, c0, 4, if c0 == 0 { 12 } else { 0 }).unwrap();
+        m.allocate(&mut r0, None, c0, 4, if c0 == 0 { 12 } else { 0 })
+            .unwrap();
         m.commit_computed(&mut r0, c0 + 4);
     }
     let live = r0.num_live_blocks(0);
@@ -145,7 +167,11 @@ fn null_entries_and_live_hit_blocks_cost_no_free_blocks() {
     assert_eq!(hit.num_tokens, 12);
     let free = m.num_free_blocks(0);
     m.allocate(&mut r1, Some(&hit), 12, 1, 13).unwrap();
-    assert_eq!(free - m.num_free_blocks(0), 1, "only the block for token 12 ({live} live blocks shared)");
+    assert_eq!(
+        free - m.num_free_blocks(0),
+        1,
+        "only the block for token 12 ({live} live blocks shared)"
+    );
     assert!(r1.table(0)[..4].iter().all(|&b| b == NULL_BLOCK));
     m.check_invariants([&r0, &r1]).unwrap();
     m.free(r0);
@@ -162,7 +188,8 @@ fn long_prompts_are_admitted_on_pools_sized_for_the_window() {
     let t: Vec<u32> = (0..64).collect();
     let mut r = seq(&m, &t);
     for c0 in (0..64).step_by(8) {
-        m.allocate(&mut r, None, c0, 8, if c0 == 0 { 64 } else { 0 }).expect("fits within the window cap");
+        m.allocate(&mut r, None, c0, 8, if c0 == 0 { 64 } else { 0 })
+            .expect("fits within the window cap");
         assert!(r.num_live_blocks(0) <= 5);
         m.commit_computed(&mut r, c0 + 8);
         m.check_invariants([&r]).unwrap();
@@ -202,18 +229,23 @@ fn hybrid_hits_are_the_longest_length_every_group_serves() {
     for b in 1..=3 {
         assert_eq!(m.ref_count(0, b), 2);
     }
-    assert_eq!(m.ref_count(1, 1), 1, "the out-of-window block is not shared");
+    assert_eq!(
+        m.ref_count(1, 1),
+        1,
+        "the out-of-window block is not shared"
+    );
     assert_eq!(m.ref_count(1, 2), 2);
     m.check_invariants([&r0, &r1]).unwrap();
     m.free(r1);
     m.free(r0);
     // (evicted group, evicted positions) -> hit
-    let cases: [(&[(usize, usize)], Option<u32>); 5] = [
-        (&[(1, 0)], Some(48)),        // sliding block outside the window: no change
-        (&[(0, 0)], None),            // full block 0: nothing
-        (&[(0, 2)], Some(32)),        // last full block
-        (&[(1, 2)], Some(32)),        // last sliding block
-        (&[(0, 2), (1, 0)], None),    // full limits to 32; at 32 sliding needs block 0: total miss
+    type Evicted<'a> = &'a [(usize, usize)];
+    let cases: [(Evicted, Option<u32>); 5] = [
+        (&[(1, 0)], Some(48)),     // sliding block outside the window: no change
+        (&[(0, 0)], None),         // full block 0: nothing
+        (&[(0, 2)], Some(32)),     // last full block
+        (&[(1, 2)], Some(32)),     // last sliding block
+        (&[(0, 2), (1, 0)], None), // full limits to 32; at 32 sliding needs block 0: total miss
     ];
     for (evict, want) in cases {
         let (mut m, t, r0) = build();
