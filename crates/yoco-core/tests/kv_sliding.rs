@@ -275,3 +275,36 @@ fn null_entries_are_stripped_when_a_sliding_request_is_freed() {
     assert_eq!(m.num_free_blocks(0), 15);
     m.check_invariants([]).unwrap();
 }
+
+#[test]
+fn sliding_hits_work_at_a_finer_match_unit() {
+    // ST-3 (sub-block 2, block 4, W 8): a cached 2-block prefix serves an 8-token hit with both
+    // blocks; a hit may also end inside a block (copy-on-match in a sliding group).
+    let mut c = KvConfig::new(4, vec![16]);
+    c.sub_block_size = 2;
+    let mut m = mgr_with(&[LayerKind::Sliding { window: 8 }], c);
+    let t: Vec<u32> = (0..8).collect();
+    let mut r0 = seq(&m, &t);
+    prefill(&mut m, &mut r0, 8);
+    let ids = r0.table(0).to_vec();
+    m.free(r0);
+    let mut r1 = seq(&m, &cat(&[&t, &[50]]));
+    let hit = m.lookup(&r1, 9).unwrap();
+    assert_eq!(hit.num_tokens, 8);
+    m.allocate(&mut r1, Some(&hit), 8, 1, 9).unwrap();
+    assert_eq!(&r1.table(0)[..2], &ids[..]);
+    m.free(r1);
+    let mut r2 = seq(&m, &cat(&[&t[..6], &[51, 52]]));
+    let (hit, ops) = prefill(&mut m, &mut r2, 8);
+    assert_eq!(hit, 6);
+    assert_eq!(
+        ops,
+        vec![CopyOp {
+            group: 0,
+            src: ids[1],
+            dst: r2.table(0)[1],
+            num_tokens: 2
+        }]
+    );
+    m.free(r2);
+}

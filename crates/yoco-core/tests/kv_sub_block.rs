@@ -432,7 +432,11 @@ fn multi_group_hits_copy_once_per_group_and_take_the_minimum_extension() {
     m.release_copy_sources();
     // the extension is the minimum over groups: drop the sliding group's tail block
     let sliding_tail = r0.table(1)[2];
+    let full_tail = r0.table(0)[2];
     m.free(r0);
+    // partial tails (1 sub-block of 4 tokens) of both groups stay indexed after free
+    assert_eq!(m.indexed_hashes(0, full_tail).len(), 1);
+    assert_eq!(m.indexed_hashes(1, sliding_tail).len(), 1);
     let probe = seq(&m, &cat(&[&t, &[5]]));
     assert_eq!(m.lookup(&probe, 21).unwrap().num_tokens, 20);
     m.evict_cached_blocks(1, &[sliding_tail]);
