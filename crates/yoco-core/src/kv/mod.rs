@@ -112,7 +112,8 @@
 //!
 //! `groups.rs` (layers to groups), `pool.rs` (ref counts + intrusive LRU), `hashing.rs` (the chain),
 //! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (allocation,
-//! indexing, copies, frees, metrics, invariants), `seq.rs` (per-request state), `events.rs`.
+//! indexing, copies, frees, metrics), `inspect.rs` (introspection, `check_invariants`), `seq.rs`
+//! (per-request state), `events.rs`.
 //!
 //! # Changes to the contract
 //!
@@ -124,6 +125,7 @@ mod events;
 mod groups;
 mod hashing;
 mod index;
+mod inspect;
 mod lookup;
 mod manager;
 mod pool;
