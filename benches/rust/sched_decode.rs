@@ -1,9 +1,13 @@
 //! Criterion: one steady-state decode step (`schedule()` + `update()`) at N running requests, the
-//! scheduler's hot path. Pure Rust, no Python. Cost should grow linearly in N.
+//! scheduler's hot path. Pure Rust, no Python. Cost should grow linearly in N. Times are thread CPU
+//! time (criterion's `iter_custom`), so other processes on a shared machine do not inflate them.
 //!
 //! `cargo bench -p yoco-core --bench sched_decode`
 
-use std::time::{Duration, Instant};
+#[path = "cpu_time.rs"]
+mod cpu_time;
+
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use yoco_core::kv::LayerKind;
@@ -51,12 +55,12 @@ fn bench(c: &mut Criterion) {
                     while left > 0 {
                         let mut s = decoding(n, layers());
                         let k = left.min(STEPS_PER_SETUP);
-                        let t = Instant::now();
+                        let t = cpu_time::thread_ns();
                         for _ in 0..k {
                             s.schedule();
                             s.update(&sampled).unwrap();
                         }
-                        total += t.elapsed();
+                        total += Duration::from_nanos(cpu_time::thread_ns() - t);
                         left -= k;
                     }
                     total

@@ -11,41 +11,18 @@
 //! `--layout gemma3n` uses Gemma 3n E2B's 30 layers (2 KV groups: sliding 512 + full) instead of one
 //! full-attention group (what the peers model).
 
+#[path = "cpu_time.rs"]
+mod cpu_time;
 #[path = "workload.rs"]
 mod workload;
 
 use std::path::PathBuf;
 
+use cpu_time::thread_ns;
 use workload::{Workload, EOS_TOKEN, FIRST_TOKEN};
 use yoco_core::kv::LayerKind;
 use yoco_core::mock::MockExecutor;
 use yoco_core::sched::{NewRequest, Scheduler, SchedulerConfig};
-
-/// Thread CPU time in ns (what the peers' `time.thread_time_ns()` reads).
-fn thread_ns() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        #[repr(C)]
-        struct Timespec {
-            tv_sec: i64,
-            tv_nsec: i64,
-        }
-        extern "C" {
-            fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
-        }
-        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-        let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: plain libc call writing into a valid struct.
-        unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        use std::sync::OnceLock;
-        static T0: OnceLock<std::time::Instant> = OnceLock::new();
-        T0.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
-    }
-}
 
 /// mean / p50 / p99 (nearest rank) in µs, total in s.
 #[derive(Debug, Clone, Copy, Default)]
