@@ -15,7 +15,10 @@ pub fn thread_ns() -> u64 {
             fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
         }
         const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-        let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: plain libc call writing into a valid struct.
         unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

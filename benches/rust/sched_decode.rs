@@ -24,9 +24,17 @@ fn decoding(n: u32, layers: Vec<LayerKind>) -> Scheduler {
     c.max_model_len = len;
     let mut s = Scheduler::new(c).unwrap();
     for i in 0..n {
-        let prompt = (0..128).map(|t| 16 + (i * 7919 + t * 104_729) % 31_000).collect();
-        s.add_request(NewRequest { id: i as u64, prompt, max_tokens: len - 128, eos_token_ids: vec![2], ..Default::default() })
-            .unwrap();
+        let prompt = (0..128)
+            .map(|t| 16 + (i * 7919 + t * 104_729) % 31_000)
+            .collect();
+        s.add_request(NewRequest {
+            id: i as u64,
+            prompt,
+            max_tokens: len - 128,
+            eos_token_ids: vec![2],
+            ..Default::default()
+        })
+        .unwrap();
     }
     // Prefill everything, so the measured steps are pure decodes.
     while s.plan().max_query_len != 1 {
@@ -38,13 +46,28 @@ fn decoding(n: u32, layers: Vec<LayerKind>) -> Scheduler {
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode_step");
-    g.sample_size(20).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
     let gemma = || {
-        let mut l: Vec<LayerKind> = (0..20).map(|i| if i % 5 == 4 { LayerKind::Full } else { LayerKind::Sliding { window: 512 } }).collect();
-        l.extend((20..30).map(|i| LayerKind::SharesKv { donor: if i % 5 == 4 { 19 } else { 18 } }));
+        let mut l: Vec<LayerKind> = (0..20)
+            .map(|i| {
+                if i % 5 == 4 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Sliding { window: 512 }
+                }
+            })
+            .collect();
+        l.extend((20..30).map(|i| LayerKind::SharesKv {
+            donor: if i % 5 == 4 { 19 } else { 18 },
+        }));
         l
     };
-    for (layout, layers) in [("full", (|| vec![LayerKind::Full]) as fn() -> Vec<LayerKind>), ("gemma3n", gemma)] {
+    for (layout, layers) in [
+        ("full", (|| vec![LayerKind::Full]) as fn() -> Vec<LayerKind>),
+        ("gemma3n", gemma),
+    ] {
         for n in [32u32, 128, 256, 512] {
             g.throughput(Throughput::Elements(n as u64));
             g.bench_with_input(BenchmarkId::new(layout, n), &n, |b, &n| {

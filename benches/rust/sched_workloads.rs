@@ -43,7 +43,13 @@ fn summarize(ns: &[u64]) -> Summary {
     let n = s.len();
     let pct = |p: f64| s[((p / 100.0 * n as f64).ceil() as usize).max(1) - 1] as f64 / 1e3;
     let total: u64 = s.iter().sum();
-    Summary { n, mean: total as f64 / n as f64 / 1e3, p50: pct(50.0), p99: pct(99.0), total_s: total as f64 / 1e9 }
+    Summary {
+        n,
+        mean: total as f64 / n as f64 / 1e3,
+        p50: pct(50.0),
+        p99: pct(99.0),
+        total_s: total as f64 / 1e9,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,9 +68,15 @@ fn layers(layout: Layout) -> Vec<LayerKind> {
                 .map(|i| {
                     let full = i % 5 == 4;
                     if i < 20 {
-                        if full { LayerKind::Full } else { LayerKind::Sliding { window: 512 } }
+                        if full {
+                            LayerKind::Full
+                        } else {
+                            LayerKind::Sliding { window: 512 }
+                        }
                     } else {
-                        LayerKind::SharesKv { donor: if full { 19 } else { 18 } }
+                        LayerKind::SharesKv {
+                            donor: if full { 19 } else { 18 },
+                        }
                     }
                 })
                 .collect()
@@ -133,7 +145,11 @@ fn run(w: &Workload, layout: Layout, prefix_caching: bool) -> Report {
         let sampled = mock.sample(plan, &[]).to_vec();
         let decode_full = plan.max_query_len == 1 && plan.num_rows() == max_num_seqs as usize;
         tokens += plan.num_tokens as u64;
-        cached += plan.admitted_num_cached.iter().map(|&x| x as u64).sum::<u64>();
+        cached += plan
+            .admitted_num_cached
+            .iter()
+            .map(|&x| x as u64)
+            .sum::<u64>();
         let t2 = thread_ns();
         let out = s.update(&sampled).unwrap();
         let t3 = thread_ns();
@@ -150,7 +166,11 @@ fn run(w: &Workload, layout: Layout, prefix_caching: bool) -> Report {
         step += 1;
     }
     for (j, r) in w.requests.iter().enumerate() {
-        assert_eq!(produced[j], r.max_tokens, "{}: request {} produced {} of {} tokens", w.name, r.id, produced[j], r.max_tokens);
+        assert_eq!(
+            produced[j], r.max_tokens,
+            "{}: request {} produced {} of {} tokens",
+            w.name, r.id, produced[j], r.max_tokens
+        );
     }
     Report {
         name: w.name.clone(),
@@ -194,7 +214,12 @@ fn main() {
                 }
             }
             "--no-prefix-caching" => prefix_caching = false,
-            "--repeat" => repeat = args.next().and_then(|x| x.parse().ok()).expect("--repeat N"),
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|x| x.parse().ok())
+                    .expect("--repeat N")
+            }
             "--json" => json = Some(PathBuf::from(args.next().expect("--json FILE"))),
             x if x.starts_with("--") => {}
             x => names.push(x.to_string()),
@@ -208,7 +233,10 @@ fn main() {
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
         files.sort();
-        names = files.iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+        names = files
+            .iter()
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
     }
     println!(
         "layout={layout:?} prefix_caching={prefix_caching} repeat={repeat} (median by step mean); µs of thread CPU per step"
@@ -219,11 +247,19 @@ fn main() {
     for name in &names {
         let w = workload::load(&dir.join(format!("{name}.json"))).unwrap();
         let _warm = run(&w, layout, prefix_caching);
-        let runs: Vec<Report> = (0..repeat).map(|_| run(&w, layout, prefix_caching)).collect();
+        let runs: Vec<Report> = (0..repeat)
+            .map(|_| run(&w, layout, prefix_caching))
+            .collect();
         let r = median_by(runs, |r| r.step.mean);
         let n = w.max_num_seqs.unwrap_or(256) as f64;
         let dec = if r.decode_full.n > 0 {
-            format!("{:.1} / {:.1} / {:.1} ({:.3})", r.decode_full.mean, r.decode_full.p50, r.decode_full.p99, r.decode_full.mean / n)
+            format!(
+                "{:.1} / {:.1} / {:.1} ({:.3})",
+                r.decode_full.mean,
+                r.decode_full.p50,
+                r.decode_full.p99,
+                r.decode_full.mean / n
+            )
         } else {
             "–".into()
         };

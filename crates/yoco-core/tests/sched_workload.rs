@@ -16,7 +16,10 @@ fn dir() -> PathBuf {
 
 #[test]
 fn splitmix_segments_match_the_reference_generator() {
-    assert_eq!(workload::gen_tokens(200, 8, 32000), [7897, 19861, 13878, 23915, 29846, 31931, 3420, 1707]);
+    assert_eq!(
+        workload::gen_tokens(200, 8, 32000),
+        [7897, 19861, 13878, 23915, 29846, 31931, 3420, 1707]
+    );
     assert_eq!(workload::output_token(2, 3, 32000), 16 + 265);
 }
 
@@ -35,7 +38,10 @@ fn shared_segments_and_literals_expand_in_order() {
     want.extend([1, 2]);
     want.extend(workload::gen_tokens(9, 2, 100));
     assert_eq!(r.prompt, want);
-    assert_eq!((r.arrival_step, r.max_tokens, w.max_num_seqs), (2, 7, Some(4)));
+    assert_eq!(
+        (r.arrival_step, r.max_tokens, w.max_num_seqs),
+        (2, 7, Some(4))
+    );
     assert!(workload::parse(r#"{"format": "other"}"#).is_err());
 }
 
@@ -55,12 +61,23 @@ fn shared_prefix_workload_runs_to_completion_with_prefix_hits() {
     while next < reqs.len() || s.num_unfinished() > 0 {
         while next < reqs.len() && reqs[next].arrival_step <= step {
             let r = &reqs[next];
-            s.add_request(NewRequest { id: next as u64, prompt: r.prompt.clone(), max_tokens: r.max_tokens, eos_token_ids: vec![2], ..Default::default() })
-                .unwrap();
+            s.add_request(NewRequest {
+                id: next as u64,
+                prompt: r.prompt.clone(),
+                max_tokens: r.max_tokens,
+                eos_token_ids: vec![2],
+                ..Default::default()
+            })
+            .unwrap();
             next += 1;
         }
         s.schedule();
-        cached += s.plan().admitted_num_cached.iter().map(|&x| x as u64).sum::<u64>();
+        cached += s
+            .plan()
+            .admitted_num_cached
+            .iter()
+            .map(|&x| x as u64)
+            .sum::<u64>();
         let sampled = mock.sample(s.plan(), &[]).to_vec();
         for &id in &s.update(&sampled).unwrap().req_ids {
             produced[id as usize] += 1;

@@ -20,7 +20,11 @@ pub struct StepPlan {
 
 impl StepPlan {
     pub fn new(plan: core::StepPlan, num_groups: usize) -> Self {
-        StepPlan { plan, num_groups, views: std::array::from_fn(|_| PyOnceLock::new()) }
+        StepPlan {
+            plan,
+            num_groups,
+            views: std::array::from_fn(|_| PyOnceLock::new()),
+        }
     }
 
     fn cached<'py>(
@@ -31,7 +35,10 @@ impl StepPlan {
         let py = slf.py();
         let this = slf.get();
         let owner = slf.as_any();
-        this.views[k].get_or_init(py, || make(&this.plan, this.num_groups, owner).unbind()).bind(py).clone()
+        this.views[k]
+            .get_or_init(py, || make(&this.plan, this.num_groups, owner).unbind())
+            .bind(py)
+            .clone()
     }
 }
 
@@ -145,13 +152,23 @@ pub struct StepOutcome {
 
 impl StepOutcome {
     pub fn new(out: core::StepOutcome) -> Self {
-        StepOutcome { out, views: std::array::from_fn(|_| PyOnceLock::new()) }
+        StepOutcome {
+            out,
+            views: std::array::from_fn(|_| PyOnceLock::new()),
+        }
     }
 
-    fn cached<'py>(slf: &Bound<'py, Self>, k: usize, make: impl FnOnce(&core::StepOutcome, &Bound<'py, PyAny>) -> Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+    fn cached<'py>(
+        slf: &Bound<'py, Self>,
+        k: usize,
+        make: impl FnOnce(&core::StepOutcome, &Bound<'py, PyAny>) -> Bound<'py, PyAny>,
+    ) -> Bound<'py, PyAny> {
         let py = slf.py();
         let this = slf.get();
-        this.views[k].get_or_init(py, || make(&this.out, slf.as_any()).unbind()).bind(py).clone()
+        this.views[k]
+            .get_or_init(py, || make(&this.out, slf.as_any()).unbind())
+            .bind(py)
+            .clone()
     }
 }
 
@@ -171,17 +188,27 @@ impl StepOutcome {
     /// `[K]` uint8: 0 running, else a finish reason code.
     #[getter]
     fn finish_reasons<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        Self::cached(slf, 2, |o, owner| unsafe { view1(&o.finish_reasons, owner) })
+        Self::cached(slf, 2, |o, owner| unsafe {
+            view1(&o.finish_reasons, owner)
+        })
     }
     /// Number of requests finished this step.
     #[getter]
     fn num_finished(&self) -> usize {
-        self.out.finish_reasons.iter().filter(|&&r| r != core::NOT_FINISHED).count()
+        self.out
+            .finish_reasons
+            .iter()
+            .filter(|&&r| r != core::NOT_FINISHED)
+            .count()
     }
     fn __len__(&self) -> usize {
         self.out.req_ids.len()
     }
     fn __repr__(&self) -> String {
-        format!("StepOutcome(len={}, finished={})", self.out.req_ids.len(), self.num_finished())
+        format!(
+            "StepOutcome(len={}, finished={})",
+            self.out.req_ids.len(),
+            self.num_finished()
+        )
     }
 }

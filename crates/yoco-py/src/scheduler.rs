@@ -28,7 +28,9 @@ fn finish_reason(code: u8) -> PyResult<FinishReason> {
         3 => FinishReason::Length,
         4 => FinishReason::Abort,
         5 => FinishReason::StopString,
-        _ => return Err(PyValueError::new_err(format!("reason_code = {code}: expected 1..=5 (stop, stop_token, length, abort, stop_string)"))),
+        _ => return Err(PyValueError::new_err(format!(
+            "reason_code = {code}: expected 1..=5 (stop, stop_token, length, abort, stop_string)"
+        ))),
     })
 }
 
@@ -84,7 +86,10 @@ impl Scheduler {
             cross_capture_sizes,
         };
         let inner = py.detach(|| core::Scheduler::new(config)).map_err(to_py)?;
-        Ok(Scheduler { inner, tables: None })
+        Ok(Scheduler {
+            inner,
+            tables: None,
+        })
     }
 
     /// KV groups: `{"kind", "window", "layers", "readers"}` each.
@@ -131,7 +136,10 @@ impl Scheduler {
             stop_token_ids,
             ignore_eos,
             priority,
-            hash_extras: HashExtras { cache_salt, lora: lora_name.map(|n| (n, lora_path.unwrap_or_default())) },
+            hash_extras: HashExtras {
+                cache_salt,
+                lora: lora_name.map(|n| (n, lora_path.unwrap_or_default())),
+            },
             prompt_logprobs,
             after,
         };
@@ -152,7 +160,9 @@ impl Scheduler {
     /// Plans the next step (the GIL is released while Rust works).
     fn schedule(&mut self, py: Python<'_>) -> PyResult<StepPlan> {
         if self.inner.awaiting_update() {
-            return Err(PyRuntimeError::new_err("schedule() called again before update() consumed the previous plan"));
+            return Err(PyRuntimeError::new_err(
+                "schedule() called again before update() consumed the previous plan",
+            ));
         }
         let inner = &mut self.inner;
         let plan = py.detach(|| {
@@ -203,7 +213,14 @@ impl Scheduler {
             slf.borrow_mut().tables = Some(views);
         }
         let this = slf.borrow();
-        PyList::new(py, this.tables.as_ref().expect("just built").iter().map(|t| t.bind(py)))
+        PyList::new(
+            py,
+            this.tables
+                .as_ref()
+                .expect("just built")
+                .iter()
+                .map(|t| t.bind(py)),
+        )
     }
 
     #[getter]
@@ -249,6 +266,7 @@ impl Scheduler {
     /// Checks every scheduler and block-manager invariant (O(pool); tests). Raises AssertionError.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let inner = &self.inner;
-        py.detach(|| inner.check_invariants()).map_err(pyo3::exceptions::PyAssertionError::new_err)
+        py.detach(|| inner.check_invariants())
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 }
