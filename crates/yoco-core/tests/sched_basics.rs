@@ -104,6 +104,13 @@ fn invalid_requests_are_rejected_with_the_reason() {
         })
         .unwrap_err();
     assert!(msg(e).contains("min_tokens"));
+    let e = s
+        .add_request(NewRequest {
+            after: Some(1),
+            ..req(1, tokens(1, 10), 4)
+        })
+        .unwrap_err();
+    assert!(msg(e).contains("itself"));
     s.add_request(req(1, tokens(1, 10), 4)).unwrap();
     assert!(msg(s.add_request(req(1, tokens(1, 10), 4)).unwrap_err()).contains("already live"));
     // 8 usable blocks of 16 = 128 tokens; max_model_len caps the need at 100 tokens = 7 blocks.

@@ -168,3 +168,34 @@ fn requests_run_to_completion_leave_no_block_referenced() {
         "nothing referenced: the cache can be reset"
     );
 }
+
+#[test]
+fn reset_prefix_cache_fails_while_requests_hold_blocks() {
+    let mut s = Scheduler::new(config(16, 64)).unwrap();
+    s.add_request(req(1, tokens(1, 40), 4)).unwrap();
+    step_with(&mut s, 20);
+    assert!(!s.reset_prefix_cache());
+    assert!(s.abort(1));
+    assert!(s.reset_prefix_cache());
+}
+
+#[test]
+fn a_second_turn_recomputes_only_past_its_last_full_cached_block() {
+    // vLLM's multi-turn case: the next prompt is the first prompt + its outputs + new tokens; all
+    // full blocks of computed tokens hit, so only `prompt_len % 16` tokens are scheduled.
+    let mut d = Driver::new(config(16, 64));
+    let prompt = tokens(1, 40);
+    d.add(req(1, prompt.clone(), 10));
+    let mut turn2 = prompt.clone();
+    while d.s.num_unfinished() > 0 {
+        let (_, o) = d.step();
+        turn2.extend(o.new_tokens.iter().map(|&t| t as u32));
+    }
+    assert_eq!(turn2.len(), 50);
+    turn2.extend(tokens(2, 5));
+    d.add(req(2, turn2.clone(), 3));
+    let (p, _) = d.step();
+    assert_eq!(p.admitted_num_cached, [48]);
+    assert_eq!(row_tokens(&p), [55 % 16]);
+    d.run(10);
+}

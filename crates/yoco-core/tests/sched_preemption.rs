@@ -143,6 +143,33 @@ fn priority_preemption_evicts_the_least_important_request() {
     assert_eq!(p.req_ids, [2], "its scheduling in this step was undone");
     assert_eq!(d.s.stats().num_waiting, 1);
     assert_eq!(d.s.stats().num_running, 1);
+    // The victim resumes once the important request finished: it recomputes its prompt and the
+    // tokens it had generated (34), minus what the prefix cache still holds.
+    let (out1, _) = d.s.request_progress(1).unwrap();
+    assert_eq!(out1.len(), 2);
+    loop {
+        let (p, _) = d.step();
+        if let Some(k) = p
+            .req_ids
+            .iter()
+            .position(|&id| id == 1)
+            .filter(|_| p.admitted_ids.contains(&1))
+        {
+            assert!(
+                !d.s.contains(2),
+                "resumes after the high-priority request finished"
+            );
+            let cached = p.admitted_num_cached[0];
+            assert_eq!(cached % 16, 0);
+            assert_eq!(p.positions[p.query_start_loc[k] as usize], cached as i64);
+            assert_eq!(
+                p.seq_lens[k], 34,
+                "32 prompt + 2 generated tokens are (re)computed, then it samples its third"
+            );
+            break;
+        }
+        assert!(d.steps < 200);
+    }
     d.run(200);
 }
 

@@ -84,6 +84,11 @@ pub(super) fn request(c: &SchedulerConfig, groups: &[KvGroup], r: &NewRequest) -
             r.min_tokens, r.max_tokens
         ));
     }
+    if r.after == Some(r.id) {
+        return bad(
+            "after names the request itself; it must name another (earlier) request".into(),
+        );
+    }
     let len = (r.prompt.len() as u64 + r.max_tokens as u64).min(c.max_model_len as u64) as u32;
     for (g, group) in groups.iter().enumerate() {
         let need = blocks_needed(group, len, c.kv.block_size, c.max_num_batched_tokens);
