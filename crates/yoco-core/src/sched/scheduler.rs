@@ -302,6 +302,25 @@ impl Scheduler {
         std::mem::take(&mut self.outcome)
     }
 
+    /// Gives back the buffers of a plan moved out with [`Scheduler::take_plan`] once its user is
+    /// done, so the next `schedule` writes into warm, already allocated memory.
+    pub fn recycle_plan(&mut self, mut old: StepPlan) {
+        if self.plan.req_ids.capacity() < old.req_ids.capacity() {
+            old.clear();
+            self.plan = old;
+        }
+    }
+
+    /// As [`Scheduler::recycle_plan`], for outcomes.
+    pub fn recycle_outcome(&mut self, mut old: StepOutcome) {
+        if self.outcome.req_ids.capacity() < old.req_ids.capacity() {
+            old.req_ids.clear();
+            old.new_tokens.clear();
+            old.finish_reasons.clear();
+            self.outcome = old;
+        }
+    }
+
     /// True between a non-empty `schedule` and its `update`.
     pub fn awaiting_update(&self) -> bool {
         self.awaiting_update
