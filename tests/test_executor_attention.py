@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from yoco_rs.executor import attention_torch
 from yoco_rs.executor.attention_torch import TorchAttentionBackend
 
 
@@ -23,8 +24,10 @@ def _naive(q, k_seq, v_seq, pos, window, scale):
     return torch.einsum("hs,shd->hd", w, v)
 
 
+@pytest.mark.parametrize("query_chunk", [256, 3], ids=["whole-rows", "rows-in-chunks-of-3"])
 @pytest.mark.parametrize("seed", range(4))
-def test_mixed_batch_paged_attention_equals_naive_attention(seed):
+def test_mixed_batch_paged_attention_equals_naive_attention(seed, query_chunk, monkeypatch):
+    monkeypatch.setattr(attention_torch, "QUERY_CHUNK", query_chunk)
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     nh, nkv, d, bs, nb = 4, 2, 8, 4, 64

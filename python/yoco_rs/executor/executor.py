@@ -79,7 +79,8 @@ class PreparedStep:
     num_cross: int
     cross_indices: torch.Tensor  # [X_pad] int64
     cross_positions: torch.Tensor  # [X_pad]
-    cross_meta: AttentionMetadata | None  # None with fast prefill off (the cross half reuses self_meta)
+    cross_meta: AttentionMetadata | None
+    """None when the cross half runs on all tokens with ``self_meta``: fast prefill off, or every token selected."""
 
 
 class Executor:
@@ -211,7 +212,9 @@ class Executor:
             slot_mapping=slots, **common)
         cpos = pos.index_select(0, cidx)
         cross_meta = None
-        if self.kv_sharing_fast_prefill:
+        # When every scheduled token is selected (pure decode, all-prompt-logprob steps) the cross rows
+        # are all tokens in order: the full path computes the same thing without a gather or new metadata.
+        if self.kv_sharing_fast_prefill and b.num_cross < b.num_tokens:
             cross_meta = self.backend.build_metadata(
                 query_start_loc_cpu=b.cross_query_start_loc.cpu(), query_start_loc=self._to_dev(b.cross_query_start_loc),
                 positions=cpos, slot_mapping=None, **common)
@@ -223,7 +226,8 @@ class Executor:
 
         ``hidden_states``, when a list, receives each layer's output AltUp state ``[rows, A, H]``: all
         ``T_pad`` rows for self-decoder layers, and for the cross-decoder layers the ``X_pad`` selected
-        rows (fast prefill) or all ``T_pad`` rows (fast prefill off)."""
+        rows (fast prefill) or all ``T_pad`` rows (fast prefill off, or a step where every token is
+        selected: ``step.cross_meta is None``)."""
         step = self.prepare(batch)
         m, kv = self.model, self.kv_caches
         hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states)
