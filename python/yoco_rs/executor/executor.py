@@ -120,7 +120,8 @@ class Executor:
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
                         device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
-                        attn_backend: str | AttentionBackend | None = None, progress: bool = True) -> "Executor":
+                        attn_backend: str | AttentionBackend | None = None, progress: bool = True,
+                        min_rows: int | None = None) -> "Executor":
         """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
         layout). ``dtype`` defaults to float32 on CPU and bfloat16 on GPU."""
         dev = torch.device(device) if device is not None else default_device()
@@ -128,19 +129,22 @@ class Executor:
         dt = _dtype(dtype, dev)
         model = Gemma3nModel(mc.text, dtype=dt, device=dev)
         load_checkpoint(model, mc, model_dir, progress=progress)
-        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
+                   min_rows=min_rows)
 
     @classmethod
     def from_state_dict(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], *,
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         kv_sharing_fast_prefill: bool = True,
-                        attn_backend: str | AttentionBackend | None = None) -> "Executor":
+                        attn_backend: str | AttentionBackend | None = None,
+                        min_rows: int | None = None) -> "Executor":
         """From a ``config.json``-style dict and a state dict with checkpoint key names (tests)."""
         dev = torch.device(device) if device is not None else default_device()
         mc = parse_config(config)
         model = Gemma3nModel(mc.text, dtype=_dtype(dtype, dev), device=dev)
         load_state_dict(model, mc, state_dict)
-        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
+                   min_rows=min_rows)
 
     # ---- layout the core needs ------------------------------------------------------------------------------
 
@@ -219,7 +223,8 @@ class Executor:
             n = self.min_rows - ids.shape[0]
             ids = torch.cat([ids, ids.new_zeros(n)])
             pos = torch.cat([pos, pos.new_zeros(n)])
-            slots = torch.cat([slots, (torch.arange(n, device=slots.device) % self.block_size).expand(len(slots), n)], 1)
+            pad_slots = torch.arange(n, device=slots.device) % self.block_size
+            slots = torch.cat([slots, pad_slots.expand(len(slots), n)], 1)
         if cidx.shape[0] < self.min_rows:  # padding cross rows repeat the last index
             fill = cidx[-1:] if cidx.shape[0] else cidx.new_zeros(1)
             cidx = torch.cat([cidx, fill.expand(self.min_rows - cidx.shape[0])])
@@ -235,7 +240,8 @@ class Executor:
         # are all tokens in order: the full path computes the same thing without a gather or new metadata.
         if self.kv_sharing_fast_prefill and b.num_cross < b.num_tokens:
             cross_meta = self.backend.build_metadata(
-                query_start_loc_cpu=b.cross_query_start_loc.cpu(), query_start_loc=self._to_dev(b.cross_query_start_loc),
+                query_start_loc_cpu=b.cross_query_start_loc.cpu(),
+                query_start_loc=self._to_dev(b.cross_query_start_loc),
                 positions=cpos, slot_mapping=None, **common)
         return PreparedStep(b.num_tokens, ids, pos, self_meta, b.num_cross, cidx, cpos, cross_meta)
 
