@@ -13,8 +13,11 @@
 //! fixtures for the Python and Triton kernels' tests.
 
 pub mod attention;
+pub mod driver;
 pub mod error;
+pub mod executor;
 pub mod layout;
+pub mod model;
 pub mod oracle;
 pub mod paged;
 pub mod plan_view;
@@ -23,5 +26,6 @@ pub mod synth;
 pub mod tables;
 pub mod toy;
 pub mod truth;
+pub mod workload;
 
 pub use error::{Error, Result};
