@@ -163,6 +163,9 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
         }
         while arrivals.last().is_some_and(|(s, _)| *s <= step) {
             let (_, req) = arrivals.pop().unwrap();
+            if trace() {
+                eprintln!("add {} prompt {} max_tokens {} after {:?} plp {} salt {:?}", req.id, req.prompt.len(), req.max_tokens, req.after, req.prompt_logprobs, req.hash_extras.cache_salt);
+            }
             match sched.add_request(req.clone()) {
                 Ok(()) => {
                     truth.add(req.id, &req.prompt, &req.hash_extras, req.prompt_logprobs);
@@ -187,6 +190,21 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
         }
 
         let mut plan = sched.schedule().clone();
+        if trace() {
+            let st = sched.stats();
+            eprintln!(
+                "step {} rows {:?} admitted {:?}/{:?} preempted {:?} copies {:?} | running {} waiting {} free {:?}",
+                plan.step_id,
+                plan.req_ids.iter().zip(&plan.seq_lens).zip(plan.query_start_loc.windows(2)).map(|((id, s), q)| (*id, *s, q[1] - q[0])).collect::<Vec<_>>(),
+                plan.admitted_ids,
+                plan.admitted_num_cached,
+                plan.preempted_ids,
+                plan.kv_copies,
+                st.num_running,
+                st.num_waiting,
+                (0..geo.num_blocks.len()).map(|g| sched_free(&sched, g)).collect::<Vec<_>>()
+            );
+        }
         if plan.num_rows() == 0 {
             idle_steps += 1;
             if idle_steps > 3 && arrivals.is_empty() {
@@ -295,4 +313,15 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
     report.kv = st.kv;
     report.preemptions = st.num_preemptions;
     Ok(report)
+}
+
+/// `YOCO_REF_TRACE=1` prints every plan (debugging a failing seed).
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("YOCO_REF_TRACE").is_some_and(|v| v != "0"))
+}
+
+fn sched_free(s: &Scheduler, g: usize) -> u64 {
+    let _ = g;
+    s.stats().kv.blocks_free
 }

@@ -102,9 +102,9 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
     let budget = *rng.pick(&[4u32, 8, 8, 16, 16, 32, 64]);
     let budget = budget.max(2);
     // Tiny pools preempt often; roomy ones cache a lot.
-    let per_seq = max_model_len.div_ceil(bs) + 2;
+    let per_seq = max_model_len.div_ceil(bs) + 1;
     let num_blocks = match rng.below(3) {
-        0 => per_seq + 1 + rng.below(per_seq as u64 / 2 + 1) as u32,
+        0 => per_seq + rng.below(per_seq as u64 / 2 + 2) as u32,
         1 => 2 * per_seq + rng.below(per_seq as u64) as u32,
         _ => 6 * per_seq,
     };
