@@ -132,15 +132,33 @@ pub fn run_mock(w: &Workload, fast_prefill: bool, opts: &DriverOptions, mutate: 
 }
 
 /// The driver loop (see the module docs).
-pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &DriverOptions, mut mutate: Option<Mutator>) -> Result<RunReport> {
-    let geo = geometry(&sched, w);
+pub fn run(w: &Workload, mut sched: Scheduler, engine: Engine, opts: &DriverOptions, mutate: Option<Mutator>) -> Result<RunReport> {
+    let mut live: HashMap<u64, Stream> = HashMap::new();
+    let result = run_steps(w, &mut sched, engine, opts, mutate, &mut live);
+    // Whatever happened, give every live request's blocks back before the scheduler is dropped.
+    let mut ids: Vec<u64> = live.keys().copied().collect();
+    ids.sort_unstable();
+    for id in ids {
+        sched.abort(id);
+    }
+    result
+}
+
+fn run_steps(
+    w: &Workload,
+    sched: &mut Scheduler,
+    mut engine: Engine,
+    opts: &DriverOptions,
+    mut mutate: Option<Mutator>,
+    live: &mut HashMap<u64, Stream>,
+) -> Result<RunReport> {
+    let geo = geometry(sched, w);
     let mut mirror = TableMirror::new(geo.num_blocks.len(), geo.max_num_seqs, geo.max_blocks_per_seq);
     let mut truth = Truth::default();
     let mut rng = Rng::new(chain(w.seed, 0xD21E));
     let mut report = RunReport::default();
     let mut arrivals: Vec<(usize, NewRequest)> = w.arrivals.iter().map(|a| (a.step, a.req.clone())).collect();
     arrivals.reverse(); // pop from the back in step order
-    let mut live: HashMap<u64, Stream> = HashMap::new();
     let mut next_id = w.arrivals.iter().map(|a| a.req.id + 1).max().unwrap_or(0);
     let mut idle_steps = 0;
 
@@ -180,7 +198,7 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
             let mut ids: Vec<u64> = live.keys().copied().collect();
             ids.sort_unstable();
             let id = *rng.pick(&ids);
-            abort(id, &mut sched, &mut truth, &mut engine, &mut live, &mut report);
+            abort(id, sched, &mut truth, &mut engine, live, &mut report);
         }
         if sched.num_unfinished() == 0 {
             if arrivals.is_empty() {
@@ -202,7 +220,7 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
                 plan.kv_copies,
                 st.num_running,
                 st.num_waiting,
-                (0..geo.num_blocks.len()).map(|g| sched_free(&sched, g)).collect::<Vec<_>>()
+                (0..geo.num_blocks.len()).map(|g| sched_free(sched, g)).collect::<Vec<_>>()
             );
         }
         if plan.num_rows() == 0 {
@@ -244,7 +262,7 @@ pub fn run(w: &Workload, mut sched: Scheduler, mut engine: Engine, opts: &Driver
         // Sometimes a client goes away while the step runs.
         if w.abort_chance > 0.0 && rng.chance(w.abort_chance) {
             let id = view.rows[rng.below(view.rows.len() as u64) as usize].req_id;
-            abort(id, &mut sched, &mut truth, &mut engine, &mut live, &mut report);
+            abort(id, sched, &mut truth, &mut engine, live, &mut report);
         }
         let mut expect: HashMap<u64, i32> = HashMap::new();
         for (s, &tok) in view.samples.iter().zip(&sampled) {

@@ -67,7 +67,7 @@ impl MockExecutor {
             }
         }
         if first_cross == nl {
-            return Ok(view.samples.iter().map(|s| self.model.argmax(&x[s.token]) as i32).collect());
+            return view.samples.iter().map(|s| self.sample(&x[s.token], s.token)).collect::<Result<_>>().map_err(ctx);
         }
         let sel: Vec<usize> = plan.cross_indices.iter().map(|&i| i as usize).collect();
         let mut xc: Vec<Vec<f32>> = sel.iter().map(|&i| x[i].clone()).collect();
@@ -79,7 +79,17 @@ impl MockExecutor {
                 self.layer(plan, &mut pass, layer, None, tables).map_err(ctx)?;
             }
         }
-        Ok(view.samples.iter().map(|s| self.model.argmax(&xc[s.cross_pos]) as i32).collect())
+        view.samples.iter().map(|s| self.sample(&xc[s.cross_pos], s.token)).collect::<Result<_>>().map_err(ctx)
+    }
+
+    /// Greedy token of a final hidden state. Memory starts as NaN, so a NaN here means the
+    /// request attended to a slot nothing wrote: an error, not a token (argmax over NaN would
+    /// quietly answer 0).
+    fn sample(&self, x: &[f32], token: usize) -> Result<i32> {
+        if x.iter().any(|v| v.is_nan()) {
+            return Err(Error(format!("the hidden state sampled at token {token} is NaN: its request read never-written KV")));
+        }
+        Ok(self.model.argmax(x) as i32)
     }
 
     /// One layer over a pass: q/k/v for every query (padding included, as an executor would),

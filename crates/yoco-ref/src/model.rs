@@ -61,6 +61,9 @@ pub struct MockModel {
     pub cfg: MockConfig,
     pub layout: ModelLayout,
     embed: Vec<f32>,
+    /// Untied: with a tied head the residual copy of the current token's embedding dominates the
+    /// logits and the model mostly repeats its input, blind to its context.
+    lm_head: Vec<f32>,
     final_norm: Vec<f32>,
     layers: Vec<LayerWeights>,
 }
@@ -71,6 +74,11 @@ pub struct Qkv {
     /// K and V when the layer produces KV.
     pub kv: Option<(Vec<f32>, Vec<f32>)>,
 }
+
+/// Gains chosen so the attention output outweighs the token's own embedding in the residual: the
+/// next token must depend on the context (see `examples/sensitivity.rs`).
+const EMBED_GAIN: f32 = 1.0;
+const WO_GAIN: f32 = 3.0;
 
 fn matrix(rng: &mut Rng, rows: usize, cols: usize, gain: f32) -> Vec<f32> {
     let s = gain * (3.0 / cols as f32).sqrt();
@@ -119,7 +127,7 @@ impl MockModel {
             return Err(Error::msg("num_heads must be a multiple of kv_heads and head_dim even"));
         }
         let mut rng = Rng::new(cfg.seed);
-        let embed = matrix(&mut rng, cfg.vocab, cfg.hidden, (cfg.hidden as f32 / 3.0).sqrt());
+        let embed = matrix(&mut rng, cfg.vocab, cfg.hidden, EMBED_GAIN);
         let layers = cfg
             .layers
             .iter()
@@ -130,7 +138,7 @@ impl MockModel {
                     wq: matrix(&mut rng, h.q_len(), cfg.hidden, 1.0),
                     wk: produces.then(|| matrix(&mut rng, h.kv_len(), cfg.hidden, 1.0)),
                     wv: produces.then(|| matrix(&mut rng, h.kv_len(), cfg.hidden, 1.0)),
-                    wo: matrix(&mut rng, cfg.hidden, h.q_len(), 1.5),
+                    wo: matrix(&mut rng, cfg.hidden, h.q_len(), WO_GAIN),
                     norm2: norm_weight(&mut rng, cfg.hidden),
                     w_up: matrix(&mut rng, cfg.intermediate, cfg.hidden, 1.0),
                     w_down: matrix(&mut rng, cfg.hidden, cfg.intermediate, 1.0),
@@ -138,7 +146,8 @@ impl MockModel {
             })
             .collect();
         let final_norm = norm_weight(&mut rng, cfg.hidden);
-        Ok(MockModel { cfg, layout, embed, final_norm, layers })
+        let lm_head = matrix(&mut rng, cfg.vocab, cfg.hidden, 1.0);
+        Ok(MockModel { cfg, layout, embed, lm_head, final_norm, layers })
     }
 
     pub fn embed(&self, tok: u32) -> Vec<f32> {
@@ -193,7 +202,7 @@ impl MockModel {
     }
 
     pub fn logits(&self, x: &[f32]) -> Vec<f32> {
-        linear(&self.embed, &rms_norm(x, Some(&self.final_norm)))
+        linear(&self.lm_head, &rms_norm(x, Some(&self.final_norm)))
     }
 
     /// Greedy choice: the first index of the largest logit.

@@ -152,6 +152,15 @@ impl PlanView {
             rows.push(RowView { req_id: plan.req_ids[i], req_row: req_row as usize, tokens, seq_len, cross });
         }
 
+        let max_q = rows.iter().map(|rw| rw.tokens.len()).max().unwrap_or(0);
+        let max_s = rows.iter().map(|rw| rw.seq_len).max().unwrap_or(0);
+        if plan.max_query_len as usize != max_q || plan.max_seq_len as usize != max_s {
+            bail!(
+                "step {step}: max_query_len {} / max_seq_len {}, but the rows give {max_q} / {max_s} (kernels size their grids by these)",
+                plan.max_query_len, plan.max_seq_len
+            );
+        }
+
         // Tokens: bottom-right positions, padding in block 0, no two real tokens on one slot.
         for row in &rows {
             for (i, tok) in row.tokens.clone().enumerate() {

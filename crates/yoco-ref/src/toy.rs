@@ -145,7 +145,6 @@ impl ToyPlanner {
                 p.admitted_rows.push(s.row as i32);
                 p.admitted_num_cached.push(s.computed as i32);
             }
-            let t0 = p.input_ids.len();
             for pos in s.computed..seq_len {
                 p.input_ids.push(tokens[pos] as i32);
                 p.positions.push(pos as i64);
@@ -165,9 +164,10 @@ impl ToyPlanner {
                 p.logits_cross_pos.push(p.cross_indices.len() as i32);
                 p.cross_indices.push(last);
             }
-            let _ = t0;
             p.cross_query_start_loc.push(p.cross_indices.len() as i32);
         }
+        p.max_query_len = p.query_start_loc.windows(2).map(|w| (w[1] - w[0]) as u32).max().unwrap_or(0);
+        p.max_seq_len = p.seq_lens.iter().map(|&s| s as u32).max().unwrap_or(0);
         let t = p.input_ids.len();
         let tp = pad_to(t, &self.token_capture_sizes);
         p.num_tokens = t as u32;

@@ -46,7 +46,7 @@ pub struct WorkloadSpec {
 
 impl Default for WorkloadSpec {
     fn default() -> Self {
-        WorkloadSpec { vocab: 64, max_requests: 8, max_prompt: 40, max_output: 6, layers: None }
+        WorkloadSpec { vocab: 64, max_requests: 10, max_prompt: 48, max_output: 8, layers: None }
     }
 }
 

@@ -147,7 +147,13 @@ fn logits_index_off_by_one_is_caught() {
 
 #[test]
 fn seq_len_one_too_long_is_caught() {
-    expect_mismatch(|p| p.seq_lens[1] += 1, "has position 6, want 7");
+    expect_mismatch(
+        |p| {
+            p.seq_lens[1] += 1;
+            p.max_seq_len = p.max_seq_len.max(p.seq_lens[1] as u32);
+        },
+        "has position 6, want 7",
+    );
 }
 
 #[test]
