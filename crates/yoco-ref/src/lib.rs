@@ -16,6 +16,7 @@ pub mod attention;
 pub mod driver;
 pub mod error;
 pub mod executor;
+pub mod golden;
 pub mod layout;
 pub mod model;
 pub mod oracle;
