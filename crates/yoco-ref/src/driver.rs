@@ -27,6 +27,9 @@ use crate::workload::{Workload, ORACLE_HEADS};
 pub enum Engine {
     Oracle(PlanOracle),
     Mock(MockExecutor),
+    /// Nothing: plans are parsed and answered with arbitrary tokens (the scheduler's own cost,
+    /// the baseline of the benches).
+    Null,
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +111,13 @@ pub fn run_oracle(w: &Workload, opts: &DriverOptions, mutate: Option<Mutator>) -
         tolerance: 1e-6,
     })?;
     run(w, sched, Engine::Oracle(oracle), opts, mutate)
+}
+
+/// Runs `w` with no checks at all (the scheduler's own cost).
+pub fn run_null(w: &Workload) -> Result<RunReport> {
+    let sched = Scheduler::new(w.sched.clone())?;
+    let opts = DriverOptions { check_stops: false, ..Default::default() };
+    run(w, sched, Engine::Null, &opts, None)
 }
 
 /// The mock model a workload runs on (its layers, its vocabulary).
@@ -239,25 +249,34 @@ fn run_steps(
         }
         let ctx = |e: Error| Error(format!("workload {} step {}: {e}", w.seed, plan.step_id));
         let view = PlanView::parse(&plan, &geo).map_err(ctx)?;
-        mirror.upload(&plan.dirty_rows, |g| sched.block_table(g));
-        truth.begin_step(&plan, &view).map_err(ctx)?;
+        let arbitrary = |view: &PlanView| -> Vec<i32> {
+            view.samples
+                .iter()
+                .map(|s| {
+                    let row = &view.rows[s.row];
+                    (chain(chain(w.seed, row.req_id), row.seq_len as u64) % w.vocab as u64) as i32
+                })
+                .collect()
+        };
+        let checked = !matches!(engine, Engine::Null);
+        if checked {
+            mirror.upload(&plan.dirty_rows, |g| sched.block_table(g));
+            truth.begin_step(&plan, &view).map_err(ctx)?;
+        }
         let sampled: Vec<i32> = match &mut engine {
             Engine::Oracle(o) => {
                 o.check_step(&plan, &view, &mut truth, &mirror).map_err(ctx)?;
-                view.samples
-                    .iter()
-                    .map(|s| {
-                        let row = &view.rows[s.row];
-                        (chain(chain(w.seed, row.req_id), row.seq_len as u64) % w.vocab as u64) as i32
-                    })
-                    .collect()
+                arbitrary(&view)
             }
             Engine::Mock(m) => m.execute(&plan, &view, &mirror).map_err(ctx)?,
+            Engine::Null => arbitrary(&view),
         };
-        if opts.check_sampling {
-            truth.check_sampling(&plan, &view).map_err(ctx)?;
+        if checked {
+            if opts.check_sampling {
+                truth.check_sampling(&plan, &view).map_err(ctx)?;
+            }
+            truth.end_step(&view).map_err(ctx)?;
         }
-        truth.end_step(&view).map_err(ctx)?;
 
         // Sometimes a client goes away while the step runs.
         if w.abort_chance > 0.0 && rng.chance(w.abort_chance) {
@@ -284,7 +303,9 @@ fn run_steps(
                     bail!("workload {} step {}: outcome gives request {id} token {tok}, it sampled {:?}", w.seed, plan.step_id, expect.get(&id));
                 }
                 stream.output.push(tok as u32);
-                truth.get_mut(id)?.tokens.push(tok as u32);
+                if let Some(r) = truth.reqs.get_mut(&id) {
+                    r.tokens.push(tok as u32);
+                }
                 report.output_tokens += 1;
             }
             let total = stream.prompt.len() + stream.output.len();
