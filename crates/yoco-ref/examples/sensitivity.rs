@@ -4,8 +4,19 @@ use yoco_ref::model::{MockConfig, MockModel};
 use yoco_ref::rng::Rng;
 
 fn main() {
-    let layers = vec![LayerKind::Sliding { window: 5 }, LayerKind::Full, LayerKind::Sliding { window: 5 }, LayerKind::Full, LayerKind::SharesKv { donor: 2 }, LayerKind::SharesKv { donor: 3 }];
-    for layers in [layers, vec![LayerKind::Full], vec![LayerKind::Sliding { window: 3 }]] {
+    let layers = vec![
+        LayerKind::Sliding { window: 5 },
+        LayerKind::Full,
+        LayerKind::Sliding { window: 5 },
+        LayerKind::Full,
+        LayerKind::SharesKv { donor: 2 },
+        LayerKind::SharesKv { donor: 3 },
+    ];
+    for layers in [
+        layers,
+        vec![LayerKind::Full],
+        vec![LayerKind::Sliding { window: 3 }],
+    ] {
         let m = MockModel::new(MockConfig::tiny(layers.clone(), 1)).unwrap();
         let mut rng = Rng::new(5);
         let (mut changed, mut n, mut same_as_input) = (0, 0, 0);
@@ -23,6 +34,9 @@ fn main() {
             changed += (a != b) as i32;
             n += 1;
         }
-        println!("{layers:?}: changed {changed}/{n}, argmax==input {same_as_input}, distinct outputs {}", hist.len());
+        println!(
+            "{layers:?}: changed {changed}/{n}, argmax==input {same_as_input}, distinct outputs {}",
+            hist.len()
+        );
     }
 }

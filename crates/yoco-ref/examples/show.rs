@@ -1,7 +1,10 @@
 //! Ad-hoc: print a workload. `cargo run -p yoco-ref --profile ci --example show -- SEED`
 use yoco_ref::workload::{random_workload, WorkloadSpec};
 fn main() {
-    let seed: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seed: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let w = random_workload(seed, &WorkloadSpec::default());
     println!("{:#?}", w.sched);
     for a in &w.arrivals {

@@ -11,7 +11,8 @@ fn main() {
     let mut fails = 0;
     let mut steps = 0;
     let mut agg = yoco_ref::oracle::OracleStats::default();
-    let (mut fin, mut ab, mut rej, mut fu, mut pre, mut toks, mut adopt, mut copies) = (0, 0, 0, 0, 0, 0, 0, 0);
+    let (mut fin, mut ab, mut rej, mut fu, mut pre, mut toks, mut adopt, mut copies) =
+        (0, 0, 0, 0, 0, 0, 0, 0);
     for seed in from..from + n {
         let w = random_workload(seed, &WorkloadSpec::default());
         let r = match mode {
@@ -40,5 +41,8 @@ fn main() {
         }
     }
     println!("{agg:?}\nfinished {fin} aborted {ab} rejected {rej} follow-ups {fu} preemptions {pre} output tokens {toks} kv adoptions {adopt} kv copies {copies}");
-    println!("{fails} failures of {n}, {steps} steps, {:.2?}", t.elapsed());
+    println!(
+        "{fails} failures of {n}, {steps} steps, {:.2?}",
+        t.elapsed()
+    );
 }

@@ -136,7 +136,11 @@ mod tests {
 
     #[test]
     fn single_visible_key_returns_its_value_and_gqa_shares_kv_heads() {
-        let h = Heads { num_heads: 4, kv_heads: 2, head_dim: 2 };
+        let h = Heads {
+            num_heads: 4,
+            kv_heads: 2,
+            head_dim: 2,
+        };
         let q = [1.0; 8];
         // Two positions; kv head 0 values (1,2)/(3,4), kv head 1 values (5,6)/(7,8).
         let keys = [0.0, 0.0, 0.0, 0.0, 9.0, 9.0, 9.0, 9.0];
@@ -158,7 +162,11 @@ mod tests {
     #[test]
     #[should_panic(expected = "only 1..2 were given")]
     fn missing_visible_keys_are_a_bug() {
-        let h = Heads { num_heads: 1, kv_heads: 1, head_dim: 1 };
+        let h = Heads {
+            num_heads: 1,
+            kv_heads: 1,
+            head_dim: 1,
+        };
         let mut out = [0.0];
         attend(h, &[1.0], &[1.0], &[1.0], 1, 1, None, 1.0, &mut out);
     }

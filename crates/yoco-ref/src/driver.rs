@@ -45,7 +45,11 @@ pub struct DriverOptions {
 
 impl Default for DriverOptions {
     fn default() -> Self {
-        DriverOptions { max_steps: 5_000, check_sampling: true, check_stops: true }
+        DriverOptions {
+            max_steps: 5_000,
+            check_sampling: true,
+            check_stops: true,
+        }
     }
 }
 
@@ -100,7 +104,11 @@ fn geometry(s: &Scheduler, w: &Workload) -> PlanGeometry {
 }
 
 /// Runs `w` with the plan oracle checking every step.
-pub fn run_oracle(w: &Workload, opts: &DriverOptions, mutate: Option<Mutator>) -> Result<RunReport> {
+pub fn run_oracle(
+    w: &Workload,
+    opts: &DriverOptions,
+    mutate: Option<Mutator>,
+) -> Result<RunReport> {
     let sched = Scheduler::new(w.sched.clone())?;
     let oracle = PlanOracle::new(OracleConfig {
         layers: w.sched.layers.clone(),
@@ -116,7 +124,10 @@ pub fn run_oracle(w: &Workload, opts: &DriverOptions, mutate: Option<Mutator>) -
 /// Runs `w` with no checks at all (the scheduler's own cost).
 pub fn run_null(w: &Workload) -> Result<RunReport> {
     let sched = Scheduler::new(w.sched.clone())?;
-    let opts = DriverOptions { check_stops: false, ..Default::default() };
+    let opts = DriverOptions {
+        check_stops: false,
+        ..Default::default()
+    };
     run(w, sched, Engine::Null, &opts, None)
 }
 
@@ -128,7 +139,12 @@ pub fn mock_model(w: &Workload) -> Result<MockModel> {
 }
 
 /// Runs `w` on the mock executor and checks every stream against a cache-less, unbatched run.
-pub fn run_mock(w: &Workload, fast_prefill: bool, opts: &DriverOptions, mutate: Option<Mutator>) -> Result<RunReport> {
+pub fn run_mock(
+    w: &Workload,
+    fast_prefill: bool,
+    opts: &DriverOptions,
+    mutate: Option<Mutator>,
+) -> Result<RunReport> {
     let sched = Scheduler::new(w.sched.clone())?;
     let model = mock_model(w)?;
     let exec = MockExecutor::new(model.clone(), &geometry(&sched, w), fast_prefill)?;
@@ -142,7 +158,13 @@ pub fn run_mock(w: &Workload, fast_prefill: bool, opts: &DriverOptions, mutate: 
 }
 
 /// The driver loop (see the module docs).
-pub fn run(w: &Workload, mut sched: Scheduler, engine: Engine, opts: &DriverOptions, mutate: Option<Mutator>) -> Result<RunReport> {
+pub fn run(
+    w: &Workload,
+    mut sched: Scheduler,
+    engine: Engine,
+    opts: &DriverOptions,
+    mutate: Option<Mutator>,
+) -> Result<RunReport> {
     let mut live: HashMap<u64, Stream> = HashMap::new();
     let result = run_steps(w, &mut sched, engine, opts, mutate, &mut live);
     // Whatever happened, give every live request's blocks back before the scheduler is dropped.
@@ -163,16 +185,26 @@ fn run_steps(
     live: &mut HashMap<u64, Stream>,
 ) -> Result<RunReport> {
     let geo = geometry(sched, w);
-    let mut mirror = TableMirror::new(geo.num_blocks.len(), geo.max_num_seqs, geo.max_blocks_per_seq);
+    let mut mirror = TableMirror::new(
+        geo.num_blocks.len(),
+        geo.max_num_seqs,
+        geo.max_blocks_per_seq,
+    );
     let mut truth = Truth::default();
     let mut rng = Rng::new(chain(w.seed, 0xD21E));
     let mut report = RunReport::default();
-    let mut arrivals: Vec<(usize, NewRequest)> = w.arrivals.iter().map(|a| (a.step, a.req.clone())).collect();
+    let mut arrivals: Vec<(usize, NewRequest)> =
+        w.arrivals.iter().map(|a| (a.step, a.req.clone())).collect();
     arrivals.reverse(); // pop from the back in step order
     let mut next_id = w.arrivals.iter().map(|a| a.req.id + 1).max().unwrap_or(0);
     let mut idle_steps = 0;
 
-    let abort = |id: u64, sched: &mut Scheduler, truth: &mut Truth, engine: &mut Engine, live: &mut HashMap<u64, Stream>, report: &mut RunReport| {
+    let abort = |id: u64,
+                 sched: &mut Scheduler,
+                 truth: &mut Truth,
+                 engine: &mut Engine,
+                 live: &mut HashMap<u64, Stream>,
+                 report: &mut RunReport| {
         if sched.abort(id) {
             truth.reqs.remove(&id);
             if let Engine::Oracle(o) = engine {
@@ -187,20 +219,43 @@ fn run_steps(
 
     for step in 0.. {
         if step >= opts.max_steps {
-            bail!("workload {}: {} requests still unfinished after {step} steps", w.seed, sched.num_unfinished());
+            bail!(
+                "workload {}: {} requests still unfinished after {step} steps",
+                w.seed,
+                sched.num_unfinished()
+            );
         }
         while arrivals.last().is_some_and(|(s, _)| *s <= step) {
             let (_, req) = arrivals.pop().unwrap();
             if trace() {
-                eprintln!("add {} prompt {} max_tokens {} after {:?} plp {} salt {:?}", req.id, req.prompt.len(), req.max_tokens, req.after, req.prompt_logprobs, req.hash_extras.cache_salt);
+                eprintln!(
+                    "add {} prompt {} max_tokens {} after {:?} plp {} salt {:?}",
+                    req.id,
+                    req.prompt.len(),
+                    req.max_tokens,
+                    req.after,
+                    req.prompt_logprobs,
+                    req.hash_extras.cache_salt
+                );
             }
             match sched.add_request(req.clone()) {
                 Ok(()) => {
                     truth.add(req.id, &req.prompt, &req.hash_extras, req.prompt_logprobs);
                     let stop = stop_rule(&req, w.sched.max_model_len);
-                    live.insert(req.id, Stream { id: req.id, prompt: req.prompt, output: vec![], stop, aborted: false });
+                    live.insert(
+                        req.id,
+                        Stream {
+                            id: req.id,
+                            prompt: req.prompt,
+                            output: vec![],
+                            stop,
+                            aborted: false,
+                        },
+                    );
                 }
-                Err(yoco_core::Error::Capacity(_)) | Err(yoco_core::Error::Request(_)) => report.rejected += 1,
+                Err(yoco_core::Error::Capacity(_)) | Err(yoco_core::Error::Request(_)) => {
+                    report.rejected += 1
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -273,7 +328,8 @@ fn run_steps(
         }
         let sampled: Vec<i32> = match &mut engine {
             Engine::Oracle(o) => {
-                o.check_step(&plan, &view, &mut truth, &mirror).map_err(ctx)?;
+                o.check_step(&plan, &view, &mut truth, &mirror)
+                    .map_err(ctx)?;
                 arbitrary(&view)
             }
             Engine::Mock(m) => m.execute(&plan, &view, &mirror).map_err(ctx)?,
@@ -298,12 +354,28 @@ fn run_steps(
                 expect.insert(id, tok);
             }
         }
-        let outcome = sched.update(&sampled).map_err(|e| Error(format!("workload {} step {}: update: {e}", w.seed, plan.step_id)))?.clone();
+        let outcome = sched
+            .update(&sampled)
+            .map_err(|e| {
+                Error(format!(
+                    "workload {} step {}: update: {e}",
+                    w.seed, plan.step_id
+                ))
+            })?
+            .clone();
         let mut seen = HashSet::new();
         for k in 0..outcome.req_ids.len() {
-            let (id, tok, fr) = (outcome.req_ids[k], outcome.new_tokens[k], outcome.finish_reasons[k]);
+            let (id, tok, fr) = (
+                outcome.req_ids[k],
+                outcome.new_tokens[k],
+                outcome.finish_reasons[k],
+            );
             let Some(stream) = live.get_mut(&id) else {
-                bail!("workload {} step {}: outcome names request {id}, which is not live", w.seed, plan.step_id);
+                bail!(
+                    "workload {} step {}: outcome names request {id}, which is not live",
+                    w.seed,
+                    plan.step_id
+                );
             };
             seen.insert(id);
             if tok >= 0 {
@@ -317,7 +389,10 @@ fn run_steps(
                 report.output_tokens += 1;
             }
             let total = stream.prompt.len() + stream.output.len();
-            if opts.check_stops && !stream.output.is_empty() && stream.stop.stops(&stream.output, total) != (fr != NOT_FINISHED) {
+            if opts.check_stops
+                && !stream.output.is_empty()
+                && stream.stop.stops(&stream.output, total) != (fr != NOT_FINISHED)
+            {
                 bail!(
                     "workload {} step {}: request {id} after {} output tokens (last {tok}, total {total}): finish reason {fr}, vLLM's stop rules say {}",
                     w.seed, plan.step_id, stream.output.len(), if fr == NOT_FINISHED { "stop" } else { "go on" }
@@ -337,8 +412,19 @@ fn run_steps(
                     prompt.extend((0..rng.range(1, 6)).map(|_| rng.below(w.vocab as u64) as u32));
                     let room = w.sched.max_model_len as usize - 1;
                     prompt.truncate(room);
-                    let template = w.arrivals.iter().find(|a| a.req.id == id).map(|a| a.req.clone()).unwrap_or_default();
-                    let req = NewRequest { id: next_id, prompt, after: None, max_tokens: template.max_tokens.max(1), ..template };
+                    let template = w
+                        .arrivals
+                        .iter()
+                        .find(|a| a.req.id == id)
+                        .map(|a| a.req.clone())
+                        .unwrap_or_default();
+                    let req = NewRequest {
+                        id: next_id,
+                        prompt,
+                        after: None,
+                        max_tokens: template.max_tokens.max(1),
+                        ..template
+                    };
                     next_id += 1;
                     report.follow_ups += 1;
                     arrivals.push((step + 1, req));
@@ -349,7 +435,11 @@ fn run_steps(
         }
         for id in expect.keys() {
             if !seen.contains(id) {
-                bail!("workload {} step {}: request {id} sampled but the outcome does not mention it", w.seed, plan.step_id);
+                bail!(
+                    "workload {} step {}: request {id} sampled but the outcome does not mention it",
+                    w.seed,
+                    plan.step_id
+                );
             }
         }
     }

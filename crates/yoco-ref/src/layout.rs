@@ -69,11 +69,17 @@ impl ModelLayout {
             let g = match groups.iter().position(|g| g.kind == own) {
                 Some(g) => g,
                 None => {
-                    groups.push(RefGroup { kind: own, layers: Vec::new() });
+                    groups.push(RefGroup {
+                        kind: own,
+                        layers: Vec::new(),
+                    });
                     groups.len() - 1
                 }
             };
-            kv_of.push(KvSlot { group: g, slot: groups[g].layers.len() });
+            kv_of.push(KvSlot {
+                group: g,
+                slot: groups[g].layers.len(),
+            });
             groups[g].layers.push(i);
             attn.push(own);
         }
@@ -81,7 +87,13 @@ impl ModelLayout {
         while first_cross > 0 && matches!(layers[first_cross - 1], LayerKind::SharesKv { .. }) {
             first_cross -= 1;
         }
-        Ok(ModelLayout { layers: layers.to_vec(), groups, kv_of, attn, first_cross })
+        Ok(ModelLayout {
+            layers: layers.to_vec(),
+            groups,
+            kv_of,
+            attn,
+            first_cross,
+        })
     }
 
     pub fn num_layers(&self) -> usize {
@@ -103,10 +115,16 @@ impl ModelLayout {
 
 /// Gemma 3n's rule: the last `num_kv_shared_layers` layers compute no K/V and read the last producing
 /// layer *of their own type* before the shared range. `sliding[i]` says whether layer i is sliding.
-pub fn gemma3n_layers(sliding: &[bool], window: u32, num_kv_shared_layers: usize) -> Result<Vec<LayerKind>, String> {
+pub fn gemma3n_layers(
+    sliding: &[bool],
+    window: u32,
+    num_kv_shared_layers: usize,
+) -> Result<Vec<LayerKind>, String> {
     let n = sliding.len();
     if num_kv_shared_layers > n {
-        return Err(format!("num_kv_shared_layers {num_kv_shared_layers} > num layers {n}"));
+        return Err(format!(
+            "num_kv_shared_layers {num_kv_shared_layers} > num layers {n}"
+        ));
     }
     let first_shared = n - num_kv_shared_layers;
     (0..n)
@@ -152,6 +170,11 @@ mod tests {
         let err = gemma3n_layers(&[true, true, false], 4, 1).unwrap_err();
         assert!(err.contains("no producing layer"), "{err}");
         assert!(ModelLayout::new(&[LayerKind::Full, LayerKind::SharesKv { donor: 1 }]).is_err());
-        assert!(ModelLayout::new(&[LayerKind::Full, LayerKind::SharesKv { donor: 0 }, LayerKind::SharesKv { donor: 1 }]).is_err());
+        assert!(ModelLayout::new(&[
+            LayerKind::Full,
+            LayerKind::SharesKv { donor: 0 },
+            LayerKind::SharesKv { donor: 1 }
+        ])
+        .is_err());
     }
 }

@@ -33,7 +33,11 @@ impl MockConfig {
         MockConfig {
             vocab: 64,
             hidden: 32,
-            heads: Heads { num_heads: 4, kv_heads: 2, head_dim: 8 },
+            heads: Heads {
+                num_heads: 4,
+                kv_heads: 2,
+                head_dim: 8,
+            },
             intermediate: 64,
             layers,
             rope_theta: 10_000.0,
@@ -124,7 +128,9 @@ impl MockModel {
         let layout = ModelLayout::new(&cfg.layers).map_err(Error)?;
         let h = cfg.heads;
         if h.num_heads % h.kv_heads != 0 || h.head_dim % 2 != 0 {
-            return Err(Error::msg("num_heads must be a multiple of kv_heads and head_dim even"));
+            return Err(Error::msg(
+                "num_heads must be a multiple of kv_heads and head_dim even",
+            ));
         }
         let mut rng = Rng::new(cfg.seed);
         let embed = matrix(&mut rng, cfg.vocab, cfg.hidden, EMBED_GAIN);
@@ -147,7 +153,14 @@ impl MockModel {
             .collect();
         let final_norm = norm_weight(&mut rng, cfg.hidden);
         let lm_head = matrix(&mut rng, cfg.vocab, cfg.hidden, 1.0);
-        Ok(MockModel { cfg, layout, embed, lm_head, final_norm, layers })
+        Ok(MockModel {
+            cfg,
+            layout,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+        })
     }
 
     pub fn embed(&self, tok: u32) -> Vec<f32> {
@@ -171,7 +184,9 @@ impl MockModel {
     }
 
     fn per_head_norm(&self, x: &[f32]) -> Vec<f32> {
-        x.chunks_exact(self.cfg.heads.head_dim).flat_map(|h| rms_norm(h, None)).collect()
+        x.chunks_exact(self.cfg.heads.head_dim)
+            .flat_map(|h| rms_norm(h, None))
+            .collect()
     }
 
     /// Layer `layer`'s query (and K/V when it produces them) for a token with hidden `x` at `pos`.
@@ -196,7 +211,10 @@ impl MockModel {
         let w = &self.layers[layer];
         let o = linear(&w.wo, attn);
         let x: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
-        let up: Vec<f32> = linear(&w.w_up, &rms_norm(&x, Some(&w.norm2))).into_iter().map(gelu_tanh).collect();
+        let up: Vec<f32> = linear(&w.w_up, &rms_norm(&x, Some(&w.norm2)))
+            .into_iter()
+            .map(gelu_tanh)
+            .collect();
         let down = linear(&w.w_down, &up);
         x.iter().zip(&down).map(|(a, b)| a + b).collect()
     }
@@ -242,8 +260,21 @@ impl MockModel {
             for p in 0..n {
                 let vis = visible(p, window);
                 let kvl = h.kv_len();
-                let (k, v) = (&ks[src][vis.start * kvl..vis.end * kvl], &vs[src][vis.start * kvl..vis.end * kvl]);
-                attend(h, &qkv[p].q, k, v, vis.start, p, window, self.cfg.scale, &mut out);
+                let (k, v) = (
+                    &ks[src][vis.start * kvl..vis.end * kvl],
+                    &vs[src][vis.start * kvl..vis.end * kvl],
+                );
+                attend(
+                    h,
+                    &qkv[p].q,
+                    k,
+                    v,
+                    vis.start,
+                    p,
+                    window,
+                    self.cfg.scale,
+                    &mut out,
+                );
                 x[p] = self.finish(layer, &x[p], &out);
             }
         }
@@ -269,9 +300,19 @@ impl MockModel {
     /// greedy choice after the tokens before it, and the stream must end exactly where `stop` ends
     /// it (unless it was cut short by an abort). Equivalent to comparing with
     /// [`MockModel::generate_uncached`], at the cost of one forward.
-    pub fn verify_stream(&self, prompt: &[u32], output: &[u32], stop: &StopRule, aborted: bool) -> std::result::Result<(), String> {
+    pub fn verify_stream(
+        &self,
+        prompt: &[u32],
+        output: &[u32],
+        stop: &StopRule,
+        aborted: bool,
+    ) -> std::result::Result<(), String> {
         if output.is_empty() {
-            return if aborted { Ok(()) } else { Err("finished without a single output token".into()) };
+            return if aborted {
+                Ok(())
+            } else {
+                Err("finished without a single output token".into())
+            };
         }
         let mut tokens = prompt.to_vec();
         tokens.extend_from_slice(&output[..output.len() - 1]);
@@ -287,7 +328,10 @@ impl MockModel {
                 return Err(format!("the stream goes on after output token {i} ({got}), where the cache-less run stops"));
             }
             if last && !stops && !aborted {
-                return Err(format!("the stream ends after {} tokens, where the cache-less run goes on", output.len()));
+                return Err(format!(
+                    "the stream ends after {} tokens, where the cache-less run goes on",
+                    output.len()
+                ));
             }
         }
         Ok(())
@@ -351,15 +395,25 @@ mod tests {
     #[test]
     fn uncached_generation_passes_its_own_verification() {
         let m = model();
-        let stop = StopRule { max_tokens: 6, max_model_len: 100, ..Default::default() };
+        let stop = StopRule {
+            max_tokens: 6,
+            max_model_len: 100,
+            ..Default::default()
+        };
         let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
         let out = m.generate_uncached(&prompt, &stop);
         assert_eq!(out.len(), 6);
         m.verify_stream(&prompt, &out, &stop, false).unwrap();
         let mut bad = out.clone();
         bad[3] = (bad[3] + 1) % 64;
-        assert!(m.verify_stream(&prompt, &bad, &stop, false).unwrap_err().contains("output token 3"));
-        assert!(m.verify_stream(&prompt, &out[..4], &stop, false).unwrap_err().contains("goes on"));
+        assert!(m
+            .verify_stream(&prompt, &bad, &stop, false)
+            .unwrap_err()
+            .contains("output token 3"));
+        assert!(m
+            .verify_stream(&prompt, &out[..4], &stop, false)
+            .unwrap_err()
+            .contains("goes on"));
         m.verify_stream(&prompt, &out[..4], &stop, true).unwrap();
     }
 }

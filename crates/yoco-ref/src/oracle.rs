@@ -98,13 +98,31 @@ impl PlanOracle {
     pub fn new(cfg: OracleConfig) -> Result<Self> {
         let layout = ModelLayout::new(&cfg.layers).map_err(Error)?;
         if layout.groups.len() != cfg.geo.num_blocks.len() {
-            bail!("the layers form {} KV groups but num_blocks lists {}", layout.groups.len(), cfg.geo.num_blocks.len());
+            bail!(
+                "the layers form {} KV groups but num_blocks lists {}",
+                layout.groups.len(),
+                cfg.geo.num_blocks.len()
+            );
         }
-        let geo = KvGeometry { block_size: cfg.geo.block_size, kv_heads: cfg.heads.kv_heads, head_dim: cfg.heads.head_dim };
+        let geo = KvGeometry {
+            block_size: cfg.geo.block_size,
+            kv_heads: cfg.heads.kv_heads,
+            head_dim: cfg.heads.head_dim,
+        };
         let per_group: Vec<usize> = layout.groups.iter().map(|g| g.layers.len()).collect();
         let paged = PagedKv::new(geo, &cfg.geo.num_blocks, &per_group, Fill::Nan)?;
-        let synth = Synth { heads: cfg.heads, seed: cfg.seed };
-        Ok(PlanOracle { cfg, layout, paged, synth, hist: HashMap::new(), stats: OracleStats::default() })
+        let synth = Synth {
+            heads: cfg.heads,
+            seed: cfg.seed,
+        };
+        Ok(PlanOracle {
+            cfg,
+            layout,
+            paged,
+            synth,
+            hist: HashMap::new(),
+            stats: OracleStats::default(),
+        })
     }
 
     pub fn layout(&self) -> &ModelLayout {
@@ -122,7 +140,13 @@ impl PlanOracle {
 
     /// Executes one step and checks it. `view` is the parsed `plan`; `truth` already reflects the
     /// plan's admissions and preemptions ([`Truth::begin_step`]); `tables` is the executor's view.
-    pub fn check_step(&mut self, plan: &StepPlan, view: &PlanView, truth: &mut Truth, tables: &TableMirror) -> Result<()> {
+    pub fn check_step(
+        &mut self,
+        plan: &StepPlan,
+        view: &PlanView,
+        truth: &mut Truth,
+        tables: &TableMirror,
+    ) -> Result<()> {
         let step = plan.step_id;
         self.stats.steps += 1;
         self.stats.preemptions += plan.preempted_ids.len() as u64;
@@ -132,7 +156,9 @@ impl PlanOracle {
                 self.stats.cached_tokens += c as u64;
             }
         }
-        self.paged.copy_blocks(&view.copies).map_err(|e| Error(format!("step {step}: {e}")))?;
+        self.paged
+            .copy_blocks(&view.copies)
+            .map_err(|e| Error(format!("step {step}: {e}")))?;
         self.stats.copies += view.copies.len() as u64;
         self.stats.copied_tokens += view.copies.iter().map(|c| c.num_tokens as u64).sum::<u64>();
 
@@ -156,7 +182,9 @@ impl PlanOracle {
                 self.synth.junk(tok, layer, &mut k, &mut v);
             }
             let slots = &plan.slot_mapping[at.group * tp..(at.group + 1) * tp];
-            self.paged.write_kv_slices(at.group, at.slot, slots, &k, &v).map_err(|e| Error(format!("step {step}: {e}")))?;
+            self.paged
+                .write_kv_slices(at.group, at.slot, slots, &k, &v)
+                .map_err(|e| Error(format!("step {step}: {e}")))?;
         }
 
         // Self-decoder: every scheduled token in every layer before the cross-decoder.
@@ -165,7 +193,12 @@ impl PlanOracle {
                 .tokens
                 .clone()
                 .enumerate()
-                .map(|(i, tok)| Query { planned: row.start_pos() + i, actual: row.start_pos() + i, token: tok, cross: None })
+                .map(|(i, tok)| Query {
+                    planned: row.start_pos() + i,
+                    actual: row.start_pos() + i,
+                    token: tok,
+                    cross: None,
+                })
                 .collect();
             for layer in 0..self.layout.first_cross {
                 self.check_queries(step, row, layer, &queries, truth, tables)?;
@@ -183,7 +216,12 @@ impl PlanOracle {
                 .enumerate()
                 .map(|(i, x)| {
                     let tok = plan.cross_indices[x] as usize;
-                    Query { planned: row.seq_len - nx + i, actual: row.start_pos() + (tok - row.tokens.start), token: tok, cross: Some(x) }
+                    Query {
+                        planned: row.seq_len - nx + i,
+                        actual: row.start_pos() + (tok - row.tokens.start),
+                        token: tok,
+                        cross: Some(x),
+                    }
                 })
                 .collect();
             for layer in self.layout.first_cross..self.layout.num_layers() {
@@ -195,20 +233,33 @@ impl PlanOracle {
 
     fn ensure_history(&mut self, id: u64, r: &mut ReqTruth, len: usize) {
         let nl = self.layout.num_layers();
-        let h = self.hist.entry(id).or_insert_with(|| History { k: vec![Vec::new(); nl], v: vec![Vec::new(); nl], len: 0 });
+        let h = self.hist.entry(id).or_insert_with(|| History {
+            k: vec![Vec::new(); nl],
+            v: vec![Vec::new(); nl],
+            len: 0,
+        });
         while h.len < len {
             let p = h.len;
             let ph = r.prefix_hash(p);
             for layer in 0..nl {
                 if self.layout.is_producer(layer) {
-                    self.synth.kv(ph, p, layer, &mut h.k[layer], &mut h.v[layer]);
+                    self.synth
+                        .kv(ph, p, layer, &mut h.k[layer], &mut h.v[layer]);
                 }
             }
             h.len += 1;
         }
     }
 
-    fn check_queries(&mut self, step: u64, row: &RowView, layer: usize, queries: &[Query], truth: &mut Truth, tables: &TableMirror) -> Result<()> {
+    fn check_queries(
+        &mut self,
+        step: u64,
+        row: &RowView,
+        layer: usize,
+        queries: &[Query],
+        truth: &mut Truth,
+        tables: &TableMirror,
+    ) -> Result<()> {
         let heads = self.cfg.heads;
         let kvl = heads.kv_len();
         let at = self.layout.kv_of[layer];
@@ -216,27 +267,61 @@ impl PlanOracle {
         let window = self.layout.window(layer);
         let r = truth.get_mut(row.req_id)?;
         self.ensure_history(row.req_id, r, row.seq_len);
-        let lo = queries.iter().map(|q| visible(q.planned, window).start).min().unwrap();
+        let lo = queries
+            .iter()
+            .map(|q| visible(q.planned, window).start)
+            .min()
+            .unwrap();
         let table = tables.row(at.group, row.req_row);
-        let (pk, pv) = self.paged.gather_vecs(at.group, at.slot, table, lo, row.seq_len).map_err(|e| {
-            Error(format!(
-                "step {step}: request {} (block-table row {}) group {}: {e}{}",
-                row.req_id,
-                row.req_row,
-                at.group,
-                if table.contains(&crate::tables::NEVER_UPLOADED) { " (the row was never announced in dirty_rows)" } else { "" }
-            ))
-        })?;
+        let (pk, pv) = self
+            .paged
+            .gather_vecs(at.group, at.slot, table, lo, row.seq_len)
+            .map_err(|e| {
+                Error(format!(
+                    "step {step}: request {} (block-table row {}) group {}: {e}{}",
+                    row.req_id,
+                    row.req_row,
+                    at.group,
+                    if table.contains(&crate::tables::NEVER_UPLOADED) {
+                        " (the row was never announced in dirty_rows)"
+                    } else {
+                        ""
+                    }
+                ))
+            })?;
         let hist = &self.hist[&row.req_id];
         let (hk, hv) = (&hist.k[producer], &hist.v[producer]);
         let mut out_p = vec![0f32; heads.q_len()];
         let mut out_c = vec![0f32; heads.q_len()];
         for q in queries {
             let qv = self.synth.q(r.prefix_hash(q.actual), q.actual, layer);
-            attend(heads, &qv, &pk, &pv, lo, q.planned, window, self.cfg.scale, &mut out_p);
+            attend(
+                heads,
+                &qv,
+                &pk,
+                &pv,
+                lo,
+                q.planned,
+                window,
+                self.cfg.scale,
+                &mut out_p,
+            );
             let vis = visible(q.actual, window);
-            let (ks, vs) = (&hk[vis.start * kvl..vis.end * kvl], &hv[vis.start * kvl..vis.end * kvl]);
-            attend(heads, &qv, ks, vs, vis.start, q.actual, window, self.cfg.scale, &mut out_c);
+            let (ks, vs) = (
+                &hk[vis.start * kvl..vis.end * kvl],
+                &hv[vis.start * kvl..vis.end * kvl],
+            );
+            attend(
+                heads,
+                &qv,
+                ks,
+                vs,
+                vis.start,
+                q.actual,
+                window,
+                self.cfg.scale,
+                &mut out_c,
+            );
             if q.cross.is_some() {
                 self.stats.cross_checks += 1;
             } else {
@@ -246,7 +331,7 @@ impl PlanOracle {
                 self.stats.windowed_queries += 1;
             }
             let diff = max_abs_diff(&out_p, &out_c);
-            if !(diff <= self.cfg.tolerance) {
+            if diff.is_nan() || diff > self.cfg.tolerance {
                 let why = self.diagnose(layer, q, table, &pk, &pv, lo, hk, hv);
                 let what = match q.cross {
                     Some(x) => format!("cross row {x} (token {})", q.token),
@@ -262,7 +347,17 @@ impl PlanOracle {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn diagnose(&self, layer: usize, q: &Query, table: &[i32], pk: &[f32], pv: &[f32], lo: usize, hk: &[f32], hv: &[f32]) -> String {
+    fn diagnose(
+        &self,
+        layer: usize,
+        q: &Query,
+        table: &[i32],
+        pk: &[f32],
+        pv: &[f32],
+        lo: usize,
+        hk: &[f32],
+        hv: &[f32],
+    ) -> String {
         let kvl = self.cfg.heads.kv_len();
         let bs = self.cfg.geo.block_size;
         let window = self.layout.window(layer);
@@ -287,7 +382,9 @@ impl PlanOracle {
             } else {
                 "KV of another prefix or request (stale or overwritten)".to_string()
             };
-            return format!("key position {p} is read from block {block} slot {slot}, which holds {holds}");
+            return format!(
+                "key position {p} is read from block {block} slot {slot}, which holds {holds}"
+            );
         }
         "all visible keys match; the query itself differs".to_string()
     }

@@ -54,7 +54,12 @@ pub struct PagedKv {
 
 impl PagedKv {
     /// `layers_per_group[g]` producing layers in group g, `num_blocks[g]` blocks each (block 0 included).
-    pub fn new(geo: KvGeometry, num_blocks: &[usize], layers_per_group: &[usize], fill: Fill) -> Result<Self> {
+    pub fn new(
+        geo: KvGeometry,
+        num_blocks: &[usize],
+        layers_per_group: &[usize],
+        fill: Fill,
+    ) -> Result<Self> {
         if num_blocks.len() != layers_per_group.len() {
             return Err(Error::msg(format!(
                 "num_blocks has {} groups but layers_per_group has {}",
@@ -73,17 +78,28 @@ impl PagedKv {
                 Fill::Zero => vec![0.0; len],
                 Fill::Random(_) => (0..len).map(|_| rng.sym_f32()).collect(),
             };
-            Ok(Tensor::from_vec(data, (n * geo.block_size, geo.row()), &Device::Cpu)?)
+            Ok(Tensor::from_vec(
+                data,
+                (n * geo.block_size, geo.row()),
+                &Device::Cpu,
+            )?)
         };
         let mut layers = Vec::new();
         for (&n, &l) in num_blocks.iter().zip(layers_per_group) {
             let mut group = Vec::new();
             for _ in 0..l {
-                group.push(LayerKv { k: make(n)?, v: make(n)? });
+                group.push(LayerKv {
+                    k: make(n)?,
+                    v: make(n)?,
+                });
             }
             layers.push(group);
         }
-        Ok(PagedKv { geo, num_blocks: num_blocks.to_vec(), layers })
+        Ok(PagedKv {
+            geo,
+            num_blocks: num_blocks.to_vec(),
+            layers,
+        })
     }
 
     pub fn geometry(&self) -> KvGeometry {
@@ -112,7 +128,12 @@ impl PagedKv {
     /// K and V of one layer as `[num_blocks, block_size, kv_heads, head_dim]` (views of the memory).
     pub fn tensors(&self, group: usize, slot: usize) -> Result<(Tensor, Tensor)> {
         let l = self.layer(group, slot)?;
-        let shape = (self.num_blocks[group], self.geo.block_size, self.geo.kv_heads, self.geo.head_dim);
+        let shape = (
+            self.num_blocks[group],
+            self.geo.block_size,
+            self.geo.kv_heads,
+            self.geo.head_dim,
+        );
         Ok((l.k.reshape(shape)?, l.v.reshape(shape)?))
     }
 
@@ -123,7 +144,9 @@ impl PagedKv {
             .layers
             .get_mut(group)
             .and_then(|g| g.get_mut(slot))
-            .ok_or_else(|| Error::msg(format!("no producing layer slot {slot} in group {group}")))?;
+            .ok_or_else(|| {
+                Error::msg(format!("no producing layer slot {slot} in group {group}"))
+            })?;
         l.k = k.to_dtype(DType::F32)?.reshape(rows)?.copy()?;
         l.v = v.to_dtype(DType::F32)?.reshape(rows)?.copy()?;
         Ok(())
@@ -132,7 +155,14 @@ impl PagedKv {
     /// Writes `k`, `v` (`[T, kv_heads, head_dim]`, or flat `[T * kv_heads * head_dim]`) of T tokens
     /// into `slot_mapping[t]` of layer `(group, slot)`. Later tokens win on duplicate slots (the
     /// oracle rejects duplicates among real tokens before writing).
-    pub fn write_kv(&mut self, group: usize, slot: usize, slot_mapping: &[i64], k: &Tensor, v: &Tensor) -> Result<()> {
+    pub fn write_kv(
+        &mut self,
+        group: usize,
+        slot: usize,
+        slot_mapping: &[i64],
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let t = slot_mapping.len();
         let row = self.geo.row();
         let n = self.num_slots(group);
@@ -159,10 +189,21 @@ impl PagedKv {
     }
 
     /// [`PagedKv::write_kv`] from flat f32 slices.
-    pub fn write_kv_slices(&mut self, group: usize, slot: usize, slot_mapping: &[i64], k: &[f32], v: &[f32]) -> Result<()> {
+    pub fn write_kv_slices(
+        &mut self,
+        group: usize,
+        slot: usize,
+        slot_mapping: &[i64],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
         let want = slot_mapping.len() * self.geo.row();
         if k.len() != want || v.len() != want {
-            return Err(Error::msg(format!("write_kv: k/v hold {}/{} floats, want {want}", k.len(), v.len())));
+            return Err(Error::msg(format!(
+                "write_kv: k/v hold {}/{} floats, want {want}",
+                k.len(),
+                v.len()
+            )));
         }
         let kt = Tensor::from_slice(k, want, &Device::Cpu)?;
         let vt = Tensor::from_slice(v, want, &Device::Cpu)?;
@@ -176,20 +217,31 @@ impl PagedKv {
         for (i, op) in ops.iter().enumerate() {
             let g = op.group as usize;
             if g >= self.layers.len() {
-                return Err(Error::msg(format!("kv_copies[{i}]: group {g} does not exist ({} groups)", self.layers.len())));
+                return Err(Error::msg(format!(
+                    "kv_copies[{i}]: group {g} does not exist ({} groups)",
+                    self.layers.len()
+                )));
             }
             let nb = self.num_blocks[g];
             let (src, dst, n) = (op.src as usize, op.dst as usize, op.num_tokens as usize);
             if src >= nb || dst >= nb {
-                return Err(Error::msg(format!("kv_copies[{i}]: block {src} -> {dst} outside group {g}'s {nb} blocks")));
+                return Err(Error::msg(format!(
+                    "kv_copies[{i}]: block {src} -> {dst} outside group {g}'s {nb} blocks"
+                )));
             }
             if n > bs {
-                return Err(Error::msg(format!("kv_copies[{i}]: {n} tokens exceed the block size {bs}")));
+                return Err(Error::msg(format!(
+                    "kv_copies[{i}]: {n} tokens exceed the block size {bs}"
+                )));
             }
             if n == 0 || src == dst {
                 continue;
             }
-            let rows = Tensor::from_vec((0..n).map(|o| (src * bs + o) as u32).collect::<Vec<_>>(), n, &Device::Cpu)?;
+            let rows = Tensor::from_vec(
+                (0..n).map(|o| (src * bs + o) as u32).collect::<Vec<_>>(),
+                n,
+                &Device::Cpu,
+            )?;
             for l in &self.layers[g] {
                 for t in [&l.k, &l.v] {
                     let part = t.index_select(&rows, 0)?;
@@ -222,22 +274,45 @@ impl PagedKv {
 
     /// K and V of positions `start..end` of the sequence whose group-`group` block table is `table`,
     /// each `[end - start, kv_heads, head_dim]`.
-    pub fn gather_range(&self, group: usize, slot: usize, table: &[i32], start: usize, end: usize) -> Result<(Tensor, Tensor)> {
+    pub fn gather_range(
+        &self,
+        group: usize,
+        slot: usize,
+        table: &[i32],
+        start: usize,
+        end: usize,
+    ) -> Result<(Tensor, Tensor)> {
         let slots = self.slots(group, table, start, end)?;
         let n = slots.len();
         let idx = Tensor::from_vec(slots, n, &Device::Cpu)?;
         let l = self.layer(group, slot)?;
         let shape = (n, self.geo.kv_heads, self.geo.head_dim);
-        Ok((l.k.index_select(&idx, 0)?.reshape(shape)?, l.v.index_select(&idx, 0)?.reshape(shape)?))
+        Ok((
+            l.k.index_select(&idx, 0)?.reshape(shape)?,
+            l.v.index_select(&idx, 0)?.reshape(shape)?,
+        ))
     }
 
     /// K and V of a sequence's first `seq_len` tokens.
-    pub fn gather(&self, group: usize, slot: usize, table: &[i32], seq_len: usize) -> Result<(Tensor, Tensor)> {
+    pub fn gather(
+        &self,
+        group: usize,
+        slot: usize,
+        table: &[i32],
+        seq_len: usize,
+    ) -> Result<(Tensor, Tensor)> {
         self.gather_range(group, slot, table, 0, seq_len)
     }
 
     /// [`PagedKv::gather_range`] as flat f32 vectors.
-    pub fn gather_vecs(&self, group: usize, slot: usize, table: &[i32], start: usize, end: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    pub fn gather_vecs(
+        &self,
+        group: usize,
+        slot: usize,
+        table: &[i32],
+        start: usize,
+        end: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (k, v) = self.gather_range(group, slot, table, start, end)?;
         Ok((k.flatten_all()?.to_vec1()?, v.flatten_all()?.to_vec1()?))
     }
@@ -248,7 +323,11 @@ mod tests {
     use super::*;
 
     fn geo() -> KvGeometry {
-        KvGeometry { block_size: 4, kv_heads: 2, head_dim: 3 }
+        KvGeometry {
+            block_size: 4,
+            kv_heads: 2,
+            head_dim: 3,
+        }
     }
 
     fn token(p: usize) -> Vec<f32> {
@@ -260,7 +339,9 @@ mod tests {
         let mut kv = PagedKv::new(geo(), &[8], &[2], Fill::Nan).unwrap();
         // A sequence of 6 tokens in blocks 5 then 2: slots 20..24 then 8..10.
         let table = [5, 2];
-        let slots: Vec<i64> = (0..6).map(|p| (table[p / 4] * 4 + (p % 4) as i32) as i64).collect();
+        let slots: Vec<i64> = (0..6)
+            .map(|p| (table[p / 4] * 4 + (p % 4) as i32) as i64)
+            .collect();
         let k: Vec<f32> = (0..6).flat_map(token).collect();
         let v: Vec<f32> = k.iter().map(|x| -x).collect();
         kv.write_kv_slices(0, 1, &slots, &k, &v).unwrap();
@@ -275,7 +356,15 @@ mod tests {
         // Physical layout is [num_blocks, block_size, kv_heads, head_dim].
         let (kt, _) = kv.tensors(0, 1).unwrap();
         assert_eq!(kt.dims(), &[8, 4, 2, 3]);
-        let b2: Vec<f32> = kt.get(2).unwrap().get(1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let b2: Vec<f32> = kt
+            .get(2)
+            .unwrap()
+            .get(1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(b2, token(5));
     }
 
@@ -286,7 +375,13 @@ mod tests {
             let k: Vec<f32> = (0..4).flat_map(token).collect();
             kv.write_kv_slices(0, slot, &[4, 5, 6, 7], &k, &k).unwrap();
         }
-        kv.copy_blocks(&[CopyOp { group: 0, src: 1, dst: 3, num_tokens: 3 }]).unwrap();
+        kv.copy_blocks(&[CopyOp {
+            group: 0,
+            src: 1,
+            dst: 3,
+            num_tokens: 3,
+        }])
+        .unwrap();
         for slot in 0..2 {
             let (gk, gv) = kv.gather_vecs(0, slot, &[3], 0, 4).unwrap();
             let want = [token(0), token(1), token(2), vec![0.0; 6]].concat();
@@ -301,13 +396,24 @@ mod tests {
     #[test]
     fn out_of_range_addresses_are_errors_that_name_the_value() {
         let mut kv = PagedKv::new(geo(), &[2], &[1], Fill::Zero).unwrap();
-        let e = kv.write_kv_slices(0, 0, &[8], &[0.0; 6], &[0.0; 6]).unwrap_err().to_string();
+        let e = kv
+            .write_kv_slices(0, 0, &[8], &[0.0; 6], &[0.0; 6])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("slot_mapping[0] = 8"), "{e}");
         let e = kv.gather_vecs(0, 0, &[1], 0, 5).unwrap_err().to_string();
         assert!(e.contains("position 4"), "{e}");
         let e = kv.gather_vecs(0, 0, &[7], 0, 1).unwrap_err().to_string();
         assert!(e.contains("= 7"), "{e}");
-        let e = kv.copy_blocks(&[CopyOp { group: 0, src: 1, dst: 0, num_tokens: 5 }]).unwrap_err().to_string();
+        let e = kv
+            .copy_blocks(&[CopyOp {
+                group: 0,
+                src: 1,
+                dst: 0,
+                num_tokens: 5,
+            }])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("exceed"), "{e}");
     }
 }

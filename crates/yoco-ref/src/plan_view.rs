@@ -77,7 +77,12 @@ impl PlanView {
         macro_rules! want_len {
             ($field:ident, $n:expr) => {
                 if plan.$field.len() != $n {
-                    bail!("step {step}: {} has {} entries, want {}", stringify!($field), plan.$field.len(), $n);
+                    bail!(
+                        "step {step}: {} has {} entries, want {}",
+                        stringify!($field),
+                        plan.$field.len(),
+                        $n
+                    );
                 }
             };
         }
@@ -100,7 +105,10 @@ impl PlanView {
         }
         want_len!(cross_indices, xp);
         if plan.kv_copies.len() % 4 != 0 {
-            bail!("step {step}: kv_copies has {} entries, not a multiple of 4", plan.kv_copies.len());
+            bail!(
+                "step {step}: kv_copies has {} entries, not a multiple of 4",
+                plan.kv_copies.len()
+            );
         }
         want_len!(admitted_rows, plan.admitted_ids.len());
         want_len!(admitted_num_cached, plan.admitted_ids.len());
@@ -109,37 +117,65 @@ impl PlanView {
         let qsl = &plan.query_start_loc;
         let cqsl = &plan.cross_query_start_loc;
         if qsl[0] != 0 || cqsl[0] != 0 {
-            bail!("step {step}: query_start_loc[0] = {}, cross_query_start_loc[0] = {}, want 0", qsl[0], cqsl[0]);
+            bail!(
+                "step {step}: query_start_loc[0] = {}, cross_query_start_loc[0] = {}, want 0",
+                qsl[0],
+                cqsl[0]
+            );
         }
         if qsl[r] as usize != t {
-            bail!("step {step}: query_start_loc[{r}] = {} but num_tokens = {t}", qsl[r]);
+            bail!(
+                "step {step}: query_start_loc[{r}] = {} but num_tokens = {t}",
+                qsl[r]
+            );
         }
         if cqsl[r] as usize != x {
-            bail!("step {step}: cross_query_start_loc[{r}] = {} but num_cross = {x}", cqsl[r]);
+            bail!(
+                "step {step}: cross_query_start_loc[{r}] = {} but num_cross = {x}",
+                cqsl[r]
+            );
         }
         let mut rows = Vec::with_capacity(r);
         let mut seen_rows = vec![false; geo.max_num_seqs];
         for i in 0..r {
             if qsl[i + 1] <= qsl[i] {
-                bail!("step {step}: row {i} (request {}) schedules {} tokens (query_start_loc {:?})", plan.req_ids[i], qsl[i + 1] - qsl[i], &qsl[i..=i + 1]);
+                bail!(
+                    "step {step}: row {i} (request {}) schedules {} tokens (query_start_loc {:?})",
+                    plan.req_ids[i],
+                    qsl[i + 1] - qsl[i],
+                    &qsl[i..=i + 1]
+                );
             }
             if cqsl[i + 1] < cqsl[i] {
-                bail!("step {step}: cross_query_start_loc decreases at row {i}: {:?}", &cqsl[i..=i + 1]);
+                bail!(
+                    "step {step}: cross_query_start_loc decreases at row {i}: {:?}",
+                    &cqsl[i..=i + 1]
+                );
             }
             let req_row = plan.req_rows[i];
             if req_row < 0 || req_row as usize >= geo.max_num_seqs {
-                bail!("step {step}: req_rows[{i}] = {req_row} outside 0..{}", geo.max_num_seqs);
+                bail!(
+                    "step {step}: req_rows[{i}] = {req_row} outside 0..{}",
+                    geo.max_num_seqs
+                );
             }
             if std::mem::replace(&mut seen_rows[req_row as usize], true) {
                 bail!("step {step}: block-table row {req_row} is used by two rows");
             }
             if plan.req_ids[..i].contains(&plan.req_ids[i]) {
-                bail!("step {step}: request {} is scheduled twice", plan.req_ids[i]);
+                bail!(
+                    "step {step}: request {} is scheduled twice",
+                    plan.req_ids[i]
+                );
             }
             let tokens = qsl[i] as usize..qsl[i + 1] as usize;
             let seq_len = plan.seq_lens[i];
             if seq_len < tokens.len() as i32 {
-                bail!("step {step}: row {i} (request {}) has seq_len {seq_len} < {} scheduled tokens", plan.req_ids[i], tokens.len());
+                bail!(
+                    "step {step}: row {i} (request {}) has seq_len {seq_len} < {} scheduled tokens",
+                    plan.req_ids[i],
+                    tokens.len()
+                );
             }
             let seq_len = seq_len as usize;
             if seq_len.div_ceil(bs) > geo.max_blocks_per_seq {
@@ -147,9 +183,19 @@ impl PlanView {
             }
             let cross = cqsl[i] as usize..cqsl[i + 1] as usize;
             if cross.len() > tokens.len() {
-                bail!("step {step}: row {i} has {} cross rows but only {} tokens", cross.len(), tokens.len());
+                bail!(
+                    "step {step}: row {i} has {} cross rows but only {} tokens",
+                    cross.len(),
+                    tokens.len()
+                );
             }
-            rows.push(RowView { req_id: plan.req_ids[i], req_row: req_row as usize, tokens, seq_len, cross });
+            rows.push(RowView {
+                req_id: plan.req_ids[i],
+                req_row: req_row as usize,
+                tokens,
+                seq_len,
+                cross,
+            });
         }
 
         let max_q = rows.iter().map(|rw| rw.tokens.len()).max().unwrap_or(0);
@@ -175,7 +221,11 @@ impl PlanView {
         }
         for tok in t..tp {
             if plan.input_ids[tok] != 0 || plan.positions[tok] != 0 {
-                bail!("step {step}: padding token {tok} has id {} position {}, want 0 0", plan.input_ids[tok], plan.positions[tok]);
+                bail!(
+                    "step {step}: padding token {tok} has id {} position {}, want 0 0",
+                    plan.input_ids[tok],
+                    plan.positions[tok]
+                );
             }
         }
         for gi in 0..g {
@@ -190,7 +240,9 @@ impl PlanView {
                     continue;
                 }
                 if sl < 0 || sl >= n {
-                    bail!("step {step}: slot_mapping[group {gi}, token {tok}] = {sl} outside 0..{n}");
+                    bail!(
+                        "step {step}: slot_mapping[group {gi}, token {tok}] = {sl} outside 0..{n}"
+                    );
                 }
                 if sl < bs as i64 {
                     bail!("step {step}: real token {tok} writes slot {sl} of group {gi}, inside the reserved block 0");
@@ -220,7 +272,12 @@ impl PlanView {
             if n < 1 || n as usize > bs {
                 bail!("step {step}: kv_copies[{i}] copies {n} tokens, want 1..={bs}");
             }
-            copies.push(CopyOp { group: gi as u32, src: src as u32, dst: dst as u32, num_tokens: n as u32 });
+            copies.push(CopyOp {
+                group: gi as u32,
+                src: src as u32,
+                dst: dst as u32,
+                num_tokens: n as u32,
+            });
         }
         for (i, a) in copies.iter().enumerate() {
             for (j, b) in copies.iter().enumerate() {
@@ -239,14 +296,25 @@ impl PlanView {
                     bail!("step {step}: cross_indices[{xi}] = {tok} is not a token of row {ri} (tokens {:?})", row.tokens);
                 }
                 if xi > 0 && ci[xi - 1] >= tok {
-                    bail!("step {step}: cross_indices not ascending at {xi}: {} then {tok}", ci[xi - 1]);
+                    bail!(
+                        "step {step}: cross_indices not ascending at {xi}: {} then {tok}",
+                        ci[xi - 1]
+                    );
                 }
             }
         }
         for xi in x..xp {
-            let ok = if x > 0 { ci[xi] == ci[x - 1] } else { ci[xi] >= 0 && (ci[xi] as usize) < tp.max(1) };
+            let ok = if x > 0 {
+                ci[xi] == ci[x - 1]
+            } else {
+                ci[xi] >= 0 && (ci[xi] as usize) < tp.max(1)
+            };
             if !ok {
-                bail!("step {step}: padding cross_indices[{xi}] = {}, want the last real index {:?}", ci[xi], x.checked_sub(1).map(|l| ci[l]));
+                bail!(
+                    "step {step}: padding cross_indices[{xi}] = {}, want the last real index {:?}",
+                    ci[xi],
+                    x.checked_sub(1).map(|l| ci[l])
+                );
             }
         }
 
@@ -272,7 +340,11 @@ impl PlanView {
             if ci[cp as usize] != tok {
                 bail!("step {step}: cross_indices[logits_cross_pos[{si}] = {cp}] = {} but logits_indices[{si}] = {tok}", ci[cp as usize]);
             }
-            samples.push(SampleView { row, token: tok as usize, cross_pos: cp as usize });
+            samples.push(SampleView {
+                row,
+                token: tok as usize,
+                cross_pos: cp as usize,
+            });
         }
 
         // Admissions name scheduled rows, with the row and the start they report.
@@ -281,7 +353,11 @@ impl PlanView {
                 bail!("step {step}: admitted request {id} is not scheduled");
             };
             if plan.admitted_rows[k] != row.req_row as i32 {
-                bail!("step {step}: admitted request {id} reports row {} but is scheduled in row {}", plan.admitted_rows[k], row.req_row);
+                bail!(
+                    "step {step}: admitted request {id} reports row {} but is scheduled in row {}",
+                    plan.admitted_rows[k],
+                    row.req_row
+                );
             }
             if plan.admitted_num_cached[k] != row.start_pos() as i32 {
                 bail!(
@@ -296,7 +372,14 @@ impl PlanView {
                 bail!("step {step}: request {id} is preempted and scheduled in the same step");
             }
         }
-        Ok(PlanView { rows, num_tokens: t, num_tokens_padded: tp, num_cross: x, copies, samples })
+        Ok(PlanView {
+            rows,
+            num_tokens: t,
+            num_tokens_padded: tp,
+            num_cross: x,
+            copies,
+            samples,
+        })
     }
 
     /// Slot of token `tok` in group `g`.

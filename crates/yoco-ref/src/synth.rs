@@ -19,13 +19,34 @@ const TAG_V: u64 = 2;
 const TAG_Q: u64 = 3;
 
 impl Synth {
-    fn fill(&self, prefix_hash: u64, pos: usize, layer: usize, tag: u64, out: &mut Vec<f32>, n: usize) {
-        let mut rng = Rng::new(chain(chain(chain(chain(self.seed, prefix_hash), pos as u64), layer as u64), tag));
+    fn fill(
+        &self,
+        prefix_hash: u64,
+        pos: usize,
+        layer: usize,
+        tag: u64,
+        out: &mut Vec<f32>,
+        n: usize,
+    ) {
+        let mut rng = Rng::new(chain(
+            chain(
+                chain(chain(self.seed, prefix_hash), pos as u64),
+                layer as u64,
+            ),
+            tag,
+        ));
         out.extend((0..n).map(|_| rng.sym_f32()));
     }
 
     /// Appends K and V (`[kv_heads * head_dim]` each) of the token at `pos` in `layer`.
-    pub fn kv(&self, prefix_hash: u64, pos: usize, layer: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
+    pub fn kv(
+        &self,
+        prefix_hash: u64,
+        pos: usize,
+        layer: usize,
+        k: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+    ) {
         self.fill(prefix_hash, pos, layer, TAG_K, k, self.heads.kv_len());
         self.fill(prefix_hash, pos, layer, TAG_V, v, self.heads.kv_len());
     }

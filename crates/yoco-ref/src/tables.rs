@@ -15,12 +15,18 @@ pub struct TableMirror {
 
 impl TableMirror {
     pub fn new(num_groups: usize, max_num_seqs: usize, max_blocks_per_seq: usize) -> Self {
-        TableMirror { max_blocks_per_seq, groups: vec![vec![NEVER_UPLOADED; max_num_seqs * max_blocks_per_seq]; num_groups] }
+        TableMirror {
+            max_blocks_per_seq,
+            groups: vec![vec![NEVER_UPLOADED; max_num_seqs * max_blocks_per_seq]; num_groups],
+        }
     }
 
     /// Tables taken whole from a source (tests that build plans by hand).
     pub fn from_tables(max_blocks_per_seq: usize, groups: Vec<Vec<i32>>) -> Self {
-        TableMirror { max_blocks_per_seq, groups }
+        TableMirror {
+            max_blocks_per_seq,
+            groups,
+        }
     }
 
     pub fn max_blocks_per_seq(&self) -> usize {
@@ -32,7 +38,11 @@ impl TableMirror {
         let m = self.max_blocks_per_seq;
         for (g, mirror) in self.groups.iter_mut().enumerate() {
             let src = source(g);
-            assert_eq!(src.len(), mirror.len(), "block table of group {g} changed size");
+            assert_eq!(
+                src.len(),
+                mirror.len(),
+                "block table of group {g} changed size"
+            );
             for &r in rows {
                 let r = r as usize;
                 mirror[r * m..(r + 1) * m].copy_from_slice(&src[r * m..(r + 1) * m]);

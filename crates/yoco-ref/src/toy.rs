@@ -52,8 +52,21 @@ impl ToyPlanner {
                 ids
             })
             .collect();
-        let tables = vec![vec![NULL_BLOCK as i32; geo.max_num_seqs * geo.max_blocks_per_seq]; geo.num_blocks.len()];
-        ToyPlanner { geo, free, tables, seqs: HashMap::new(), pending_copies: Vec::new(), dirty: Vec::new(), step: 0, token_capture_sizes: vec![], cross_capture_sizes: vec![] }
+        let tables = vec![
+            vec![NULL_BLOCK as i32; geo.max_num_seqs * geo.max_blocks_per_seq];
+            geo.num_blocks.len()
+        ];
+        ToyPlanner {
+            geo,
+            free,
+            tables,
+            seqs: HashMap::new(),
+            pending_copies: Vec::new(),
+            dirty: Vec::new(),
+            step: 0,
+            token_capture_sizes: vec![],
+            cross_capture_sizes: vec![],
+        }
     }
 
     /// The persistent tables (what `Scheduler::block_table` returns).
@@ -87,16 +100,33 @@ impl ToyPlanner {
     /// Starts a request in block-table row `row` with nothing cached.
     pub fn admit(&mut self, id: u64, row: usize) {
         let g = self.geo.num_blocks.len();
-        self.seqs.insert(id, ToySeq { row, computed: 0, blocks: vec![Vec::new(); g], admitted: false });
+        self.seqs.insert(
+            id,
+            ToySeq {
+                row,
+                computed: 0,
+                blocks: vec![Vec::new(); g],
+                admitted: false,
+            },
+        );
     }
 
     /// Starts `id` in `row` reusing the first `num_tokens` tokens of `from`'s KV: full blocks are
     /// shared, a trailing partial block is copied into a fresh block (copy-on-match).
-    pub fn admit_sharing(&mut self, id: u64, row: usize, from: u64, num_tokens: usize) -> Result<()> {
+    pub fn admit_sharing(
+        &mut self,
+        id: u64,
+        row: usize,
+        from: u64,
+        num_tokens: usize,
+    ) -> Result<()> {
         let bs = self.geo.block_size;
         let src = self.seqs[&from].clone();
         if num_tokens > src.computed {
-            bail!("toy planner: {from} has only {} computed tokens", src.computed);
+            bail!(
+                "toy planner: {from} has only {} computed tokens",
+                src.computed
+            );
         }
         self.admit(id, row);
         for g in 0..self.geo.num_blocks.len() {
@@ -104,7 +134,12 @@ impl ToyPlanner {
             let mut blocks: Vec<u32> = src.blocks[g][..full].to_vec();
             if num_tokens % bs != 0 {
                 let dst = self.alloc(g)?;
-                self.pending_copies.push(CopyOp { group: g as u32, src: src.blocks[g][full], dst, num_tokens: (num_tokens % bs) as u32 });
+                self.pending_copies.push(CopyOp {
+                    group: g as u32,
+                    src: src.blocks[g][full],
+                    dst,
+                    num_tokens: (num_tokens % bs) as u32,
+                });
                 blocks.push(dst);
             }
             self.seqs.get_mut(&id).unwrap().blocks[g] = blocks;
@@ -119,7 +154,10 @@ impl ToyPlanner {
     pub fn plan(&mut self, chunks: &[(u64, usize)], truth: &Truth) -> Result<StepPlan> {
         let bs = self.geo.block_size;
         let ng = self.geo.num_blocks.len();
-        let mut p = StepPlan { step_id: self.step, ..Default::default() };
+        let mut p = StepPlan {
+            step_id: self.step,
+            ..Default::default()
+        };
         self.step += 1;
         p.query_start_loc.push(0);
         p.cross_query_start_loc.push(0);
@@ -129,7 +167,10 @@ impl ToyPlanner {
             let s = self.seqs.get(&id).cloned().expect("admit first");
             let seq_len = s.computed + n;
             if seq_len > tokens.len() {
-                bail!("toy planner: request {id} has {} tokens, asked to reach {seq_len}", tokens.len());
+                bail!(
+                    "toy planner: request {id} has {} tokens, asked to reach {seq_len}",
+                    tokens.len()
+                );
             }
             for g in 0..ng {
                 while self.seqs[&id].blocks[g].len() * bs < seq_len {
@@ -145,8 +186,8 @@ impl ToyPlanner {
                 p.admitted_rows.push(s.row as i32);
                 p.admitted_num_cached.push(s.computed as i32);
             }
-            for pos in s.computed..seq_len {
-                p.input_ids.push(tokens[pos] as i32);
+            for (pos, &tok) in tokens.iter().enumerate().take(seq_len).skip(s.computed) {
+                p.input_ids.push(tok as i32);
                 p.positions.push(pos as i64);
                 for (g, sl) in slots.iter_mut().enumerate() {
                     sl.push((s.blocks[g][pos / bs] as usize * bs + pos % bs) as i64);
@@ -166,7 +207,12 @@ impl ToyPlanner {
             }
             p.cross_query_start_loc.push(p.cross_indices.len() as i32);
         }
-        p.max_query_len = p.query_start_loc.windows(2).map(|w| (w[1] - w[0]) as u32).max().unwrap_or(0);
+        p.max_query_len = p
+            .query_start_loc
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as u32)
+            .max()
+            .unwrap_or(0);
         p.max_seq_len = p.seq_lens.iter().map(|&s| s as u32).max().unwrap_or(0);
         let t = p.input_ids.len();
         let tp = pad_to(t, &self.token_capture_sizes);
@@ -186,7 +232,17 @@ impl ToyPlanner {
         p.num_cross_padded = xp as u32;
         let fill = p.cross_indices.last().copied().unwrap_or(0);
         p.cross_indices.resize(xp, fill);
-        p.kv_copies = std::mem::take(&mut self.pending_copies).iter().flat_map(|c| [c.group as i32, c.src as i32, c.dst as i32, c.num_tokens as i32]).collect();
+        p.kv_copies = std::mem::take(&mut self.pending_copies)
+            .iter()
+            .flat_map(|c| {
+                [
+                    c.group as i32,
+                    c.src as i32,
+                    c.dst as i32,
+                    c.num_tokens as i32,
+                ]
+            })
+            .collect();
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
@@ -197,5 +253,9 @@ impl ToyPlanner {
 
 /// `n` rounded up to the first capture size >= n (n itself when none is large enough or none given).
 pub fn pad_to(n: usize, sizes: &[u32]) -> usize {
-    sizes.iter().map(|&s| s as usize).find(|&s| s >= n).unwrap_or(n)
+    sizes
+        .iter()
+        .map(|&s| s as usize)
+        .find(|&s| s >= n)
+        .unwrap_or(n)
 }

@@ -46,7 +46,7 @@ impl ReqTruth {
 
 /// Root of a namespace's hash chain.
 pub fn namespace_root(extras: &HashExtras) -> u64 {
-    let mut h = 0x5EED_0F_7A_u64;
+    let mut h = 0x5EED_0F7A_u64;
     let mut eat = |s: &str| {
         h = chain(h, s.len() as u64);
         for b in s.bytes() {
@@ -136,7 +136,11 @@ impl Truth {
                 );
             }
             if row.seq_len > r.tokens.len() {
-                bail!("step {step}: request {id} has seq_len {} but only {} known tokens", row.seq_len, r.tokens.len());
+                bail!(
+                    "step {step}: request {id} has seq_len {} but only {} known tokens",
+                    row.seq_len,
+                    r.tokens.len()
+                );
             }
             for (i, tok) in row.tokens.clone().enumerate() {
                 let want = r.tokens[computed + i] as i32;
@@ -164,12 +168,24 @@ impl Truth {
                     "step {step}: request {id} (seq_len {}, {} known tokens) {} but {}",
                     row.seq_len,
                     r.tokens.len(),
-                    if must_sample { "completes its known tokens" } else { "is mid-prefill" },
-                    if samples { "samples" } else { "does not sample" }
+                    if must_sample {
+                        "completes its known tokens"
+                    } else {
+                        "is mid-prefill"
+                    },
+                    if samples {
+                        "samples"
+                    } else {
+                        "does not sample"
+                    }
                 );
             }
             if !r.prompt_logprobs && row.cross.len() != samples as usize {
-                bail!("step {step}: request {id} has {} cross rows, want {}", row.cross.len(), samples as usize);
+                bail!(
+                    "step {step}: request {id} has {} cross rows, want {}",
+                    row.cross.len(),
+                    samples as usize
+                );
             }
         }
         for s in &view.samples {
@@ -177,7 +193,9 @@ impl Truth {
             if s.token != row.tokens.end - 1 {
                 bail!(
                     "step {step}: request {} samples token {} but its last scheduled token is {}",
-                    row.req_id, s.token, row.tokens.end - 1
+                    row.req_id,
+                    s.token,
+                    row.tokens.end - 1
                 );
             }
         }

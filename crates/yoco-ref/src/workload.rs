@@ -46,18 +46,36 @@ pub struct WorkloadSpec {
 
 impl Default for WorkloadSpec {
     fn default() -> Self {
-        WorkloadSpec { vocab: 64, max_requests: 10, max_prompt: 48, max_output: 8, layers: None }
+        WorkloadSpec {
+            vocab: 64,
+            max_requests: 10,
+            max_prompt: 48,
+            max_output: 8,
+            layers: None,
+        }
     }
 }
 
 /// Heads used by the oracle's synthetic K/V: small, the oracle checks addressing not arithmetic.
-pub const ORACLE_HEADS: Heads = Heads { num_heads: 2, kv_heads: 1, head_dim: 4 };
+pub const ORACLE_HEADS: Heads = Heads {
+    num_heads: 2,
+    kv_heads: 1,
+    head_dim: 4,
+};
 
 /// A random layer layout: full only, sliding only, sliding + full, or Gemma-3n-like with a
 /// KV-sharing tail (donors resolved by Gemma's rule), with windows around the block size.
 pub fn random_layers(rng: &mut Rng, block_size: u32) -> Vec<LayerKind> {
     let bs = block_size;
-    let windows = [1, (bs / 2).max(1), (bs - 1).max(1), bs, bs + 1, 2 * bs + 1, 3 * bs];
+    let windows = [
+        1,
+        (bs / 2).max(1),
+        (bs - 1).max(1),
+        bs,
+        bs + 1,
+        2 * bs + 1,
+        3 * bs,
+    ];
     let w = *rng.pick(&windows);
     match rng.below(6) {
         0 => vec![LayerKind::Full],
@@ -67,15 +85,23 @@ pub fn random_layers(rng: &mut Rng, block_size: u32) -> Vec<LayerKind> {
             // Two sliding groups of different windows and a full one.
             let w2 = *rng.pick(&windows);
             let w2 = if w2 == w { w + 1 } else { w2 };
-            vec![LayerKind::Sliding { window: w }, LayerKind::Full, LayerKind::Sliding { window: w2 }]
+            vec![
+                LayerKind::Sliding { window: w },
+                LayerKind::Full,
+                LayerKind::Sliding { window: w2 },
+            ]
         }
         _ => {
             // (S, F) or (S, S, F) pattern, then a shared tail of 1..=3 layers.
-            let pattern: &[bool] = if rng.chance(0.5) { &[true, false] } else { &[true, true, false] };
+            let pattern: &[bool] = if rng.chance(0.5) {
+                &[true, false]
+            } else {
+                &[true, true, false]
+            };
             let n_shared = rng.range(1, 3) as usize;
             let mut sliding: Vec<bool> = pattern.iter().chain(pattern.iter()).copied().collect();
             for i in 0..n_shared {
-                sliding.push(if i % 2 == 0 { true } else { false });
+                sliding.push(i % 2 == 0);
             }
             gemma3n_layers(&sliding, w, n_shared).expect("both types precede the shared range")
         }
@@ -90,12 +116,21 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
         1 => (bs / 2).max(1),
         _ => (bs / 4).max(1),
     };
-    let layers = spec.layers.clone().unwrap_or_else(|| random_layers(&mut rng, bs));
-    let num_groups = ModelLayout::new(&layers).expect("valid layers").groups.len();
+    let layers = spec
+        .layers
+        .clone()
+        .unwrap_or_else(|| random_layers(&mut rng, bs));
+    let num_groups = ModelLayout::new(&layers)
+        .expect("valid layers")
+        .groups
+        .len();
     let max_output = spec.max_output.max(1);
     let max_model_len = if rng.chance(0.15) {
         // Tight: some requests end by length rather than max_tokens.
-        rng.range(spec.max_prompt as u64 / 2 + 2, spec.max_prompt as u64 + max_output as u64) as u32
+        rng.range(
+            spec.max_prompt as u64 / 2 + 2,
+            spec.max_prompt as u64 + max_output as u64,
+        ) as u32
     } else {
         spec.max_prompt as u32 + max_output
     };
@@ -124,31 +159,64 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
         max_num_seqs: rng.range(1, 6) as u32,
         max_num_batched_tokens: budget,
         max_model_len,
-        long_prefill_token_threshold: if rng.chance(0.3) { rng.range(1, budget as u64) as u32 } else { 0 },
-        policy: if rng.chance(0.3) { Policy::Priority } else { Policy::Fcfs },
-        max_admission_skips: if rng.chance(0.5) { 16 } else { rng.below(3) as u32 },
-        token_capture_sizes: if capture { capture_sizes(budget) } else { vec![] },
+        long_prefill_token_threshold: if rng.chance(0.3) {
+            rng.range(1, budget as u64) as u32
+        } else {
+            0
+        },
+        policy: if rng.chance(0.3) {
+            Policy::Priority
+        } else {
+            Policy::Fcfs
+        },
+        max_admission_skips: if rng.chance(0.5) {
+            16
+        } else {
+            rng.below(3) as u32
+        },
+        token_capture_sizes: if capture {
+            capture_sizes(budget)
+        } else {
+            vec![]
+        },
         cross_capture_sizes: if capture { capture_sizes(8) } else { vec![] },
     };
 
     // Prompts: a few shared bases, cut near sub-block and block boundaries, plus fresh suffixes.
     let vocab = spec.vocab;
     let max_prompt = (spec.max_prompt as u32).min(max_model_len - 1).max(1) as usize;
-    let bases: Vec<Vec<u32>> = (0..rng.range(1, 3)).map(|_| (0..max_prompt).map(|_| rng.below(vocab as u64) as u32).collect()).collect();
+    let bases: Vec<Vec<u32>> = (0..rng.range(1, 3))
+        .map(|_| {
+            (0..max_prompt)
+                .map(|_| rng.below(vocab as u64) as u32)
+                .collect()
+        })
+        .collect();
     let n = rng.range(1, spec.max_requests as u64) as usize;
     let mut arrivals: Vec<Arrival> = Vec::with_capacity(n);
     for id in 0..n as u64 {
-        let sibling = if !arrivals.is_empty() && rng.chance(0.05) { Some(rng.below(arrivals.len() as u64) as usize) } else { None };
+        let sibling = if !arrivals.is_empty() && rng.chance(0.05) {
+            Some(rng.below(arrivals.len() as u64) as usize)
+        } else {
+            None
+        };
         let prompt: Vec<u32> = if let Some(s) = sibling {
             arrivals[s].req.prompt.clone()
         } else if !arrivals.is_empty() && rng.chance(0.15) {
-            arrivals[rng.below(arrivals.len() as u64) as usize].req.prompt.clone()
+            arrivals[rng.below(arrivals.len() as u64) as usize]
+                .req
+                .prompt
+                .clone()
         } else {
             let base = rng.pick(&bases);
             let unit = if rng.chance(0.5) { sbs } else { bs } as i64;
             let k = rng.range(0, (max_prompt as u64 / unit as u64).max(1)) as i64;
             let cut = (k * unit + rng.range(0, 2) as i64 - 1).clamp(0, max_prompt as i64) as usize;
-            let cut = if rng.chance(0.15) { rng.range(0, max_prompt as u64) as usize } else { cut };
+            let cut = if rng.chance(0.15) {
+                rng.range(0, max_prompt as u64) as usize
+            } else {
+                cut
+            };
             let mut p = base[..cut].to_vec();
             let suffix = rng.range(if p.is_empty() { 1 } else { 0 }, 10) as usize;
             p.extend((0..suffix).map(|_| rng.below(vocab as u64) as u32));
@@ -157,7 +225,10 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
         };
         let max_tokens = rng.range(1, max_output as u64) as u32;
         let extras = if rng.chance(0.1) {
-            HashExtras { cache_salt: Some(if rng.chance(0.5) { "a" } else { "b" }.into()), lora: None }
+            HashExtras {
+                cache_salt: Some(if rng.chance(0.5) { "a" } else { "b" }.into()),
+                lora: None,
+            }
         } else {
             HashExtras::default()
         };
@@ -165,9 +236,21 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
             id,
             prompt,
             max_tokens,
-            min_tokens: if rng.chance(0.2) { rng.range(0, max_tokens as u64) as u32 } else { 0 },
-            eos_token_ids: if rng.chance(0.3) { vec![rng.below(vocab as u64) as u32] } else { vec![] },
-            stop_token_ids: if rng.chance(0.1) { vec![rng.below(vocab as u64) as u32] } else { vec![] },
+            min_tokens: if rng.chance(0.2) {
+                rng.range(0, max_tokens as u64) as u32
+            } else {
+                0
+            },
+            eos_token_ids: if rng.chance(0.3) {
+                vec![rng.below(vocab as u64) as u32]
+            } else {
+                vec![]
+            },
+            stop_token_ids: if rng.chance(0.1) {
+                vec![rng.below(vocab as u64) as u32]
+            } else {
+                vec![]
+            },
             ignore_eos: rng.chance(0.1),
             priority: rng.below(3) as i32,
             hash_extras: extras,

@@ -23,7 +23,12 @@ fn mock_executor_on_toy_plans_matches_the_cache_less_run() {
         LayerKind::SharesKv { donor: 3 },
     ];
     let model = MockModel::new(MockConfig::tiny(layers, 5)).unwrap();
-    let geo = PlanGeometry { block_size: 4, num_blocks: vec![32, 32], max_num_seqs: 4, max_blocks_per_seq: 8 };
+    let geo = PlanGeometry {
+        block_size: 4,
+        num_blocks: vec![32, 32],
+        max_num_seqs: 4,
+        max_blocks_per_seq: 8,
+    };
     for fast_prefill in [true, false] {
         let mut exec = MockExecutor::new(model.clone(), &geo, fast_prefill).unwrap();
         let mut toy = ToyPlanner::new(geo.clone(), 9);
@@ -51,13 +56,25 @@ fn mock_executor_on_toy_plans_matches_the_cache_less_run() {
             let sampled = exec.execute(&plan, &view, &toy.mirror()).unwrap();
             truth.end_step(&view).unwrap();
             for (s, t) in view.samples.iter().zip(sampled) {
-                truth.get_mut(view.rows[s.row].req_id).unwrap().tokens.push(t as u32);
+                truth
+                    .get_mut(view.rows[s.row].req_id)
+                    .unwrap()
+                    .tokens
+                    .push(t as u32);
             }
         }
-        let stop = StopRule { max_tokens: 10, max_model_len: 100, ..Default::default() };
+        let stop = StopRule {
+            max_tokens: 10,
+            max_model_len: 100,
+            ..Default::default()
+        };
         for (id, prompt) in [(1, &a), (2, &b)] {
             let got = &truth.get(id).unwrap().tokens[prompt.len()..];
-            assert_eq!(got, &model.generate_uncached(prompt, &stop)[..got.len()], "request {id}, fast_prefill {fast_prefill}");
+            assert_eq!(
+                got,
+                &model.generate_uncached(prompt, &stop)[..got.len()],
+                "request {id}, fast_prefill {fast_prefill}"
+            );
             assert!(got.len() >= 5);
         }
     }
@@ -79,7 +96,10 @@ fn reference_grouping_matches_the_block_managers() {
         for (i, k) in layers.iter().enumerate() {
             if let LayerKind::SharesKv { donor } = k {
                 let g = ours.kv_of[i].group;
-                assert!(theirs[g].readers.contains(&(i, *donor)), "layer {i} reads group {g}: {layers:?} {theirs:?}");
+                assert!(
+                    theirs[g].readers.contains(&(i, *donor)),
+                    "layer {i} reads group {g}: {layers:?} {theirs:?}"
+                );
             }
         }
     }

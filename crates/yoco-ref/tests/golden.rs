@@ -14,7 +14,9 @@ fn dir() -> PathBuf {
 fn committed_golden_files_match_the_reference() {
     for f in fixtures().unwrap() {
         let path = dir().join(format!("{}.npz", f.name));
-        let stored = Tensor::read_npz(&path).unwrap_or_else(|e| panic!("{}: {e} (regenerate: see golden/README.md)", path.display()));
+        let stored = Tensor::read_npz(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (regenerate: see golden/README.md)", path.display())
+        });
         let mut names: Vec<&str> = stored.iter().map(|(n, _)| n.as_str()).collect();
         names.sort_unstable();
         let mut want: Vec<&str> = f.arrays.iter().map(|(n, _)| n.as_str()).collect();
@@ -24,8 +26,22 @@ fn committed_golden_files_match_the_reference() {
             let s = &stored.iter().find(|(n, _)| n == name).unwrap().1;
             assert_eq!(s.dims(), t.dims(), "{name}");
             assert_eq!(s.dtype(), t.dtype(), "{name}");
-            let (a, b) = (s.flatten_all().unwrap().to_dtype(candle_core::DType::F64).unwrap(), t.flatten_all().unwrap().to_dtype(candle_core::DType::F64).unwrap());
-            assert_eq!(a.to_vec1::<f64>().unwrap(), b.to_vec1::<f64>().unwrap(), "{} {name} differs from the reference", path.display());
+            let (a, b) = (
+                s.flatten_all()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F64)
+                    .unwrap(),
+                t.flatten_all()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F64)
+                    .unwrap(),
+            );
+            assert_eq!(
+                a.to_vec1::<f64>().unwrap(),
+                b.to_vec1::<f64>().unwrap(),
+                "{} {name} differs from the reference",
+                path.display()
+            );
         }
     }
 }
@@ -34,7 +50,11 @@ fn committed_golden_files_match_the_reference() {
 fn golden_files_stay_small() {
     for e in std::fs::read_dir(dir()).unwrap() {
         let e = e.unwrap();
-        assert!(e.metadata().unwrap().len() < 100_000, "{:?} is large", e.path());
+        assert!(
+            e.metadata().unwrap().len() < 100_000,
+            "{:?} is large",
+            e.path()
+        );
     }
 }
 

@@ -31,7 +31,11 @@ fn sweep(n: u64, fast_prefill: bool) -> Coverage {
             known.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
         );
     }
-    assert!(known.len() as u64 * 100 <= n, "{} stalls of {n} workloads is more than the known bug explains", known.len());
+    assert!(
+        known.len() as u64 * 100 <= n,
+        "{} stalls of {n} workloads is more than the known bug explains",
+        known.len()
+    );
     assert!(
         failures.is_empty(),
         "{} of {n} workloads failed (rerun one with `YOCO_REF_TRACE=1 cargo run -p yoco-ref --profile ci --example sweep -- mock SEED 1`):\n{}",
@@ -47,7 +51,10 @@ fn token_streams_equal_the_cache_less_run_over_random_workloads() {
     let cov = sweep(n, true);
     eprintln!("{cov:#?}");
     if n >= 2_000 {
-        assert!(cov.copies >= 500 && cov.adoptions >= 300 && cov.preemptions >= 100, "{cov:?}");
+        assert!(
+            cov.copies >= 500 && cov.adoptions >= 300 && cov.preemptions >= 100,
+            "{cov:?}"
+        );
         assert!(cov.output_tokens >= 20_000, "{cov:?}");
     }
 }
@@ -59,7 +66,13 @@ fn token_streams_equal_the_cache_less_run_without_fast_prefill() {
 
 /// A hand-made workload on the Gemma-like layout: 2 sliding (window 6) + 2 full producers, a
 /// shared tail reading layers 2 and 3.
-fn workload(block_size: u32, sub_block_size: u32, num_blocks: u32, budget: u32, reqs: Vec<(usize, Vec<u32>, u32)>) -> Workload {
+fn workload(
+    block_size: u32,
+    sub_block_size: u32,
+    num_blocks: u32,
+    budget: u32,
+    reqs: Vec<(usize, Vec<u32>, u32)>,
+) -> Workload {
     let layers = vec![
         LayerKind::Sliding { window: 6 },
         LayerKind::Full,
@@ -94,10 +107,24 @@ fn workload(block_size: u32, sub_block_size: u32, num_blocks: u32, budget: u32, 
         .enumerate()
         .map(|(id, (step, prompt, max_tokens))| Arrival {
             step,
-            req: NewRequest { id: id as u64, prompt, max_tokens, hash_extras: HashExtras::default(), ..Default::default() },
+            req: NewRequest {
+                id: id as u64,
+                prompt,
+                max_tokens,
+                hash_extras: HashExtras::default(),
+                ..Default::default()
+            },
         })
         .collect();
-    Workload { seed: 11, sched, vocab: 64, arrivals, abort_chance: 0.0, follow_up_chance: 0.0, max_follow_ups: 0 }
+    Workload {
+        seed: 11,
+        sched,
+        vocab: 64,
+        arrivals,
+        abort_chance: 0.0,
+        follow_up_chance: 0.0,
+        max_follow_ups: 0,
+    }
 }
 
 /// Runs `w` and also compares every stream with a token-by-token cache-less generation.
@@ -105,7 +132,12 @@ fn run_exact(w: &Workload) -> RunReport {
     let r = run_mock(w, true, &DriverOptions::default(), None).unwrap();
     let model = mock_model(w).unwrap();
     for s in &r.streams {
-        assert_eq!(s.output, model.generate_uncached(&s.prompt, &s.stop), "request {}", s.id);
+        assert_eq!(
+            s.output,
+            model.generate_uncached(&s.prompt, &s.stop),
+            "request {}",
+            s.id
+        );
     }
     assert_eq!(r.finished, w.arrivals.len());
     r
@@ -143,14 +175,31 @@ fn second_turn_adopts_the_first_turns_tail_block_without_copying() {
 #[test]
 fn preemption_and_recompute_keep_the_streams() {
     // Four 30-token prompts generating 12 tokens each in a pool that holds about two of them.
-    let reqs = (0..4).map(|i| (0, base(30 + i).iter().map(|t| (t + i as u32) % 64).collect(), 12)).collect();
+    let reqs = (0..4)
+        .map(|i| {
+            (
+                0,
+                base(30 + i).iter().map(|t| (t + i as u32) % 64).collect(),
+                12,
+            )
+        })
+        .collect();
     let r = run_exact(&workload(4, 2, 20, 16, reqs));
-    assert!(r.preemptions >= 1, "expected preemption under the tiny pool");
+    assert!(
+        r.preemptions >= 1,
+        "expected preemption under the tiny pool"
+    );
 }
 
 #[test]
 fn chunked_prefill_keeps_the_stream() {
     // A budget of 5 tokens splits a 40-token prompt into 8 chunks, none aligned to the block.
-    let r = run_exact(&workload(8, 8, 32, 5, vec![(0, base(40), 6), (0, base(23), 6)]));
+    let r = run_exact(&workload(
+        8,
+        8,
+        32,
+        5,
+        vec![(0, base(40), 6), (0, base(23), 6)],
+    ));
     assert!(r.steps >= 8);
 }

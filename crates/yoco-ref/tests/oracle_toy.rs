@@ -33,10 +33,19 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        let geo = PlanGeometry { block_size: BS, num_blocks: vec![24, 24], max_num_seqs: 4, max_blocks_per_seq: 8 };
+        let geo = PlanGeometry {
+            block_size: BS,
+            num_blocks: vec![24, 24],
+            max_num_seqs: 4,
+            max_blocks_per_seq: 8,
+        };
         let oracle = PlanOracle::new(OracleConfig {
             layers: layers(),
-            heads: Heads { num_heads: 4, kv_heads: 2, head_dim: 4 },
+            heads: Heads {
+                num_heads: 4,
+                kv_heads: 2,
+                head_dim: 4,
+            },
             scale: 1.0,
             geo: geo.clone(),
             seed: 7,
@@ -46,7 +55,12 @@ impl Rig {
         let mut toy = ToyPlanner::new(geo.clone(), 3);
         toy.token_capture_sizes = vec![16, 32];
         toy.cross_capture_sizes = vec![2, 4];
-        Rig { geo, truth: Truth::default(), toy, oracle }
+        Rig {
+            geo,
+            truth: Truth::default(),
+            toy,
+            oracle,
+        }
     }
 
     fn add(&mut self, id: u64, prompt: &[u32]) {
@@ -58,7 +72,8 @@ impl Rig {
         mutate(&mut plan);
         let view = PlanView::parse(&plan, &self.geo)?;
         self.truth.begin_step(&plan, &view)?;
-        self.oracle.check_step(&plan, &view, &mut self.truth, &self.toy.mirror())?;
+        self.oracle
+            .check_step(&plan, &view, &mut self.truth, &self.toy.mirror())?;
         self.truth.check_sampling(&plan, &view)?;
         self.truth.end_step(&view)?;
         for s in &view.samples {
@@ -104,7 +119,10 @@ fn correct_plans_with_copy_windows_padding_and_cross_rows_pass() {
 }
 
 fn expect_mismatch(mutate: impl FnOnce(&mut StepPlan), want: &str) {
-    let err = Rig::new().scenario(mutate).expect_err("the oracle must reject the mutated plan").to_string();
+    let err = Rig::new()
+        .scenario(mutate)
+        .expect_err("the oracle must reject the mutated plan")
+        .to_string();
     assert!(err.contains(want), "expected {want:?} in: {err}");
 }
 
@@ -127,7 +145,10 @@ fn copy_length_short_by_one_is_caught() {
 
 #[test]
 fn copy_from_the_wrong_block_is_caught() {
-    expect_mismatch(|p| p.kv_copies[1] = if p.kv_copies[1] == 5 { 6 } else { 5 }, "attention mismatch");
+    expect_mismatch(
+        |p| p.kv_copies[1] = if p.kv_copies[1] == 5 { 6 } else { 5 },
+        "attention mismatch",
+    );
 }
 
 #[test]
@@ -167,13 +188,23 @@ fn block_table_entry_pointing_elsewhere_is_caught() {
     let mut mirror = rig.toy.mirror();
     let bad = rig.toy.block_table(0)[0] + 1;
     let plan = rig.toy.plan(&[(1, 4)], &rig.truth).unwrap();
-    let mut groups = vec![rig.toy.block_table(0).to_vec(), rig.toy.block_table(1).to_vec()];
+    let mut groups = vec![
+        rig.toy.block_table(0).to_vec(),
+        rig.toy.block_table(1).to_vec(),
+    ];
     groups[0][0] = bad;
     mirror = yoco_ref::tables::TableMirror::from_tables(mirror.max_blocks_per_seq(), groups);
     let view = PlanView::parse(&plan, &rig.geo).unwrap();
     rig.truth.begin_step(&plan, &view).unwrap();
-    let err = rig.oracle.check_step(&plan, &view, &mut rig.truth, &mirror).unwrap_err().to_string();
-    assert!(err.contains("group 0") && err.contains("attention mismatch"), "{err}");
+    let err = rig
+        .oracle
+        .check_step(&plan, &view, &mut rig.truth, &mirror)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("group 0") && err.contains("attention mismatch"),
+        "{err}"
+    );
 }
 
 #[test]

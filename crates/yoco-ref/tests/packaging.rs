@@ -8,10 +8,22 @@ fn candle_stays_out_of_the_wheel() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let lock = std::fs::read_to_string(root.join("Cargo.lock")).unwrap();
     // The yoco-py package entry of Cargo.lock lists its resolved dependencies.
-    let entry = lock.split("[[package]]").find(|p| p.contains("name = \"yoco-py\"")).expect("yoco-py in Cargo.lock");
+    let entry = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"yoco-py\""))
+        .expect("yoco-py in Cargo.lock");
     for banned in ["yoco-ref", "candle"] {
-        assert!(!entry.contains(banned), "yoco-py depends on {banned}:\n{entry}");
+        assert!(
+            !entry.contains(banned),
+            "yoco-py depends on {banned}:\n{entry}"
+        );
     }
-    let core = lock.split("[[package]]").find(|p| p.contains("name = \"yoco-core\"")).expect("yoco-core in Cargo.lock");
-    assert!(!core.contains("candle") && !core.contains("yoco-ref"), "yoco-core depends on candle:\n{core}");
+    let core = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"yoco-core\""))
+        .expect("yoco-core in Cargo.lock");
+    assert!(
+        !core.contains("candle") && !core.contains("yoco-ref"),
+        "yoco-core depends on candle:\n{core}"
+    );
 }

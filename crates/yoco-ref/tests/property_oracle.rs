@@ -30,7 +30,11 @@ fn paged_attention_equals_contiguous_attention_over_random_workloads() {
             known.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
         );
     }
-    assert!(known.len() as u64 * 100 <= n, "{} stalls of {n} workloads is more than the known bug explains", known.len());
+    assert!(
+        known.len() as u64 * 100 <= n,
+        "{} stalls of {n} workloads is more than the known bug explains",
+        known.len()
+    );
     assert!(
         failures.is_empty(),
         "{} of {n} workloads failed (rerun one with `YOCO_REF_TRACE=1 cargo run -p yoco-ref --profile ci --example sweep -- oracle SEED 1`):\n{}",
@@ -48,6 +52,9 @@ fn paged_attention_equals_contiguous_attention_over_random_workloads() {
         assert!(cov.follow_ups >= 5_000, "multi-turn follow-ups: {cov:?}");
         assert!(cov.windowed_queries >= 100_000, "sliding windows: {cov:?}");
         assert!(cov.cross_checks >= 50_000, "cross-decoder rows: {cov:?}");
-        assert!(cov.sub_block_workloads >= 5_000 && cov.shared_kv_workloads >= 2_000, "{cov:?}");
+        assert!(
+            cov.sub_block_workloads >= 5_000 && cov.shared_kv_workloads >= 2_000,
+            "{cov:?}"
+        );
     }
 }

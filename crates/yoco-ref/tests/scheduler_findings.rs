@@ -12,6 +12,11 @@ use yoco_ref::driver::{run_oracle, DriverOptions};
 #[test]
 #[ignore = "sched bug (found by property_oracle): admission retries the same unfittable hit forever"]
 fn prefix_hit_whose_copy_cannot_fit_still_admits() {
-    let r = run_oracle(&common::unfittable_hit_workload(), &DriverOptions::default(), None).unwrap();
+    let r = run_oracle(
+        &common::unfittable_hit_workload(),
+        &DriverOptions::default(),
+        None,
+    )
+    .unwrap();
     assert_eq!(r.finished, 2);
 }

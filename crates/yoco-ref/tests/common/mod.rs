@@ -8,7 +8,10 @@ use yoco_ref::workload::{Arrival, Workload};
 
 /// `YOCO_REF_<NAME>` overrides a workload count (e.g. `YOCO_REF_ORACLE_WORKLOADS=100000`).
 pub fn count(name: &str, default: u64) -> u64 {
-    std::env::var(format!("YOCO_REF_{name}")).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(format!("YOCO_REF_{name}"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Sums of what a batch of runs exercised.
@@ -47,7 +50,8 @@ impl Coverage {
         self.output_tokens += r.output_tokens as u64;
         let l = &w.sched.layers;
         self.sliding_workloads += l.iter().any(|k| matches!(k, LayerKind::Sliding { .. })) as u64;
-        self.shared_kv_workloads += l.iter().any(|k| matches!(k, LayerKind::SharesKv { .. })) as u64;
+        self.shared_kv_workloads +=
+            l.iter().any(|k| matches!(k, LayerKind::SharesKv { .. })) as u64;
         self.sub_block_workloads += (w.sched.kv.sub_block_size < w.sched.kv.block_size) as u64;
     }
 }
@@ -64,7 +68,9 @@ fn rows_with_tokens(p: &StepPlan, min: i32) -> impl Iterator<Item = usize> + '_ 
 /// Off-by-one in slot mapping: every token of the first row with >= 2 tokens writes one slot
 /// further, in every group.
 pub fn slot_mapping_plus_one(p: &mut StepPlan) -> bool {
-    let Some(r) = rows_with_tokens(p, 2).next() else { return false };
+    let Some(r) = rows_with_tokens(p, 2).next() else {
+        return false;
+    };
     let tp = p.num_tokens_padded as usize;
     for g in 0..num_groups(p) {
         for t in p.query_start_loc[r] as usize..p.query_start_loc[r + 1] as usize {
@@ -91,7 +97,10 @@ pub fn copy_length_minus_one(p: &mut StepPlan) -> bool {
 pub fn logits_index_minus_one(p: &mut StepPlan) -> bool {
     for s in 0..p.logits_indices.len() {
         let r = p.sample_rows[s] as usize;
-        let (n, nx) = (p.query_start_loc[r + 1] - p.query_start_loc[r], p.cross_query_start_loc[r + 1] - p.cross_query_start_loc[r]);
+        let (n, nx) = (
+            p.query_start_loc[r + 1] - p.query_start_loc[r],
+            p.cross_query_start_loc[r + 1] - p.cross_query_start_loc[r],
+        );
         if n >= 2 && nx == 1 {
             p.logits_indices[s] -= 1;
             let x = p.logits_cross_pos[s] as usize;
@@ -161,12 +170,27 @@ pub fn unfittable_hit_workload() -> Workload {
         token_capture_sizes: vec![],
         cross_capture_sizes: vec![],
     };
-    let req = |id: u64, prompt: Vec<u32>| NewRequest { id, prompt, max_tokens: 2, hash_extras: HashExtras::default(), ..Default::default() };
+    let req = |id: u64, prompt: Vec<u32>| NewRequest {
+        id,
+        prompt,
+        max_tokens: 2,
+        hash_extras: HashExtras::default(),
+        ..Default::default()
+    };
     Workload {
         seed: 1,
         sched,
         vocab: 64,
-        arrivals: vec![Arrival { step: 0, req: req(0, a) }, Arrival { step: 5, req: req(1, b) }],
+        arrivals: vec![
+            Arrival {
+                step: 0,
+                req: req(0, a),
+            },
+            Arrival {
+                step: 5,
+                req: req(1, b),
+            },
+        ],
         abort_chance: 0.0,
         follow_up_chance: 0.0,
         max_follow_ups: 0,
@@ -177,6 +201,9 @@ pub fn unfittable_hit_workload() -> Workload {
 /// still-unfixed admission stall (a prefix hit whose copy cannot fit blocks admission on an empty
 /// pool). Self-expiring: once the scheduler admits `unfittable_hit_workload`, every stall counts.
 pub fn split_known_failures(failures: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let bug_present = run_oracle(&unfittable_hit_workload(), &DriverOptions::default(), None).is_err();
-    failures.into_iter().partition(|f| !(bug_present && f.contains("admission stalls with nothing running")))
+    let bug_present =
+        run_oracle(&unfittable_hit_workload(), &DriverOptions::default(), None).is_err();
+    failures
+        .into_iter()
+        .partition(|f| !(bug_present && f.contains("admission stalls with nothing running")))
 }
