@@ -8,7 +8,8 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use yoco_core::kv::CopyOp;
 
-use crate::attention::{attend, bottom_right, visible, Heads};
+use crate::attention::Heads;
+use crate::batch::{contiguous_attention, paged_attention, Varlen};
 use crate::error::Result;
 use crate::paged::{Fill, KvGeometry, PagedKv};
 use crate::rng::Rng;
@@ -87,10 +88,10 @@ const CROSS_PADDED: usize = 8;
 
 /// `paged_attention.npz` and `write_and_copy.npz`.
 pub fn fixtures() -> Result<Vec<Fixture>> {
-    Ok(vec![paged_attention()?, write_and_copy()?])
+    Ok(vec![paged_attention_fixture()?, write_and_copy()?])
 }
 
-fn paged_attention() -> Result<Fixture> {
+fn paged_attention_fixture() -> Result<Fixture> {
     let h = HEADS;
     let (kvl, ql) = (h.kv_len(), h.q_len());
     let mut rng = Rng::new(2024);
@@ -208,48 +209,38 @@ fn paged_attention() -> Result<Fixture> {
     arrays.push(("num_cross".into(), i32s(vec![x as i32], &[])?));
 
     // Expected outputs, from paged memory; asserted equal to the contiguous computation.
+    let tables: Vec<&[i32]> = block_tables.chunks(MAX_BLOCKS).collect();
+    let hk: Vec<Tensor> = hist
+        .iter()
+        .map(|(k, _)| f32s(k.clone(), &[k.len() / kvl, h.kv_heads, h.head_dim]))
+        .collect::<Result<_>>()?;
+    let hv: Vec<Tensor> = hist
+        .iter()
+        .map(|(_, v)| f32s(v.clone(), &[v.len() / kvl, h.kv_heads, h.head_dim]))
+        .collect::<Result<_>>()?;
+    let q = f32s(query, &[TOKENS_PADDED, h.num_heads, h.head_dim])?;
+    let cq = f32s(cross_query, &[CROSS_PADDED, h.num_heads, h.head_dim])?;
     for w in WINDOWS {
         let window = (w > 0).then_some(w);
-        let mut out = vec![0f32; TOKENS_PADDED * ql];
-        let mut cross_out = vec![0f32; CROSS_PADDED * ql];
-        for (r, row) in rows.iter().enumerate() {
-            let seq_len = seq_lens[r] as usize;
-            let table = &block_tables[r * MAX_BLOCKS..(r + 1) * MAX_BLOCKS];
-            let (pk, pv) = kv.gather_vecs(0, 0, table, 0, seq_len)?;
-            let (hk, hv) = &hist[r];
-            assert_eq!(
-                &pk, hk,
-                "golden: paged keys of row {r} differ from its history"
-            );
-            assert_eq!(&pv, hv);
-            let pass = |q: &[f32], n: usize, first_token: usize, out: &mut [f32]| {
-                for (i, p) in bottom_right(n, seq_len).unwrap().enumerate() {
-                    let vis = visible(p, window);
-                    let o = &mut out[(first_token + i) * ql..][..ql];
-                    attend(
-                        h,
-                        &q[(first_token + i) * ql..][..ql],
-                        &hk[vis.start * kvl..vis.end * kvl],
-                        &hv[vis.start * kvl..vis.end * kvl],
-                        vis.start,
-                        p,
-                        window,
-                        1.0,
-                        o,
-                    );
-                }
+        for (name, q, loc) in [("out", &q, &qsl), ("cross_out", &cq, &cqsl)] {
+            let v = Varlen {
+                query_start_loc: loc,
+                seq_lens: &seq_lens,
+                scale: 1.0,
+                window,
             };
-            pass(&query, row.scheduled, qsl[r] as usize, &mut out);
-            pass(&cross_query, row.cross, cqsl[r] as usize, &mut cross_out);
+            let paged = paged_attention(q, &kv, 0, 0, &tables, &v)?;
+            let contiguous = contiguous_attention(q, &hk, &hv, &v)?;
+            let (a, b): (Vec<f32>, Vec<f32>) = (
+                paged.flatten_all()?.to_vec1()?,
+                contiguous.flatten_all()?.to_vec1()?,
+            );
+            assert_eq!(
+                a, b,
+                "golden: paged and contiguous attention differ ({name}, window {w})"
+            );
+            arrays.push((format!("{name}_window{w}"), paged));
         }
-        arrays.push((
-            format!("out_window{w}"),
-            f32s(out, &[TOKENS_PADDED, h.num_heads, h.head_dim])?,
-        ));
-        arrays.push((
-            format!("cross_out_window{w}"),
-            f32s(cross_out, &[CROSS_PADDED, h.num_heads, h.head_dim])?,
-        ));
     }
     Ok(Fixture {
         name: "paged_attention",

@@ -13,6 +13,7 @@
 //! fixtures for the Python and Triton kernels' tests.
 
 pub mod attention;
+pub mod batch;
 pub mod driver;
 pub mod error;
 pub mod executor;
