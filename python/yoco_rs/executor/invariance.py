@@ -1,0 +1,46 @@
+"""What keeps the CPU reference attention batch-invariant: measured properties of CPU BLAS and softmax.
+
+A token's numbers must not depend on what else is in the batch, so that greedy output is the same across
+batch compositions, chunkings and fast prefill on/off, and equal to a whole-sequence forward (the
+equivalence matrix and the transformers comparisons rely on it). Measured on MKL, AVX-512, float32
+(``tests/test_executor_attention.py`` pins the parts the attention relies on):
+
+* A GEMM with fewer than ``MIN_GEMM_ROWS`` rows takes another code path (GEMV-like) and rounds
+  differently: every GEMM gets at least that many query rows (zero rows are appended).
+* With at least that many rows, an output summed over at most ``FMA_CHAIN_MAX`` terms is one sequential
+  FMA chain, whatever the GEMM's other dimensions, batch or operand strides. So zero terms anywhere in the
+  sum (masked keys, another KV head's columns) change nothing, and ``embedding_bag``'s weighted sum (a
+  sequential FMA chain at any length) gives the same value. Over more terms BLAS splits the sum at points
+  that depend on the total length, so padding changes the last ulps there.
+* Softmax gives bit-identical probabilities whatever masked entries (``finfo.min``) surround a row's
+  visible ones, once the row is at least ``MIN_KEYS`` long; shorter rows round differently.
+* Swapping a GEMM's operands (``k @ q^T`` instead of ``q @ k^T``) changes the rounding: the orientation
+  is part of the contract (transformers' eager attention computes ``q @ k^T`` and ``p @ v``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_GEMM_ROWS = 4
+MIN_KEYS = 16
+FMA_CHAIN_MAX = 192
+
+
+def pad_rows(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """``x`` with zero entries appended along ``dim`` up to ``n`` (no copy when already long enough)."""
+    if x.shape[dim] >= n:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n - x.shape[dim]
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def additive_mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """0 where key ``kpos`` is visible from query ``qpos`` (causal, and within ``window`` when sliding),
+    ``finfo.min`` elsewhere (as transformers' eager attention: a fully masked row stays finite)."""
+    visible = kpos <= qpos
+    if window is not None:
+        visible &= kpos > qpos - window
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+        ~visible, torch.finfo(dtype).min)
