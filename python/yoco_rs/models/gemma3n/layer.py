@@ -18,6 +18,7 @@ from torch import nn
 
 from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs
+from yoco_rs.models.gemma3n.fused import FusedParams
 from yoco_rs.models.gemma3n.ops import (
     SQRT2, apply_rope, gaussian_topk, gaussian_topk_multiplier, gelu_tanh, rms_norm,
 )
@@ -48,6 +49,11 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+FUSE_MAX_ROWS = 512
+"""Up to this many tokens, q/k/v (and MLP gate/up) run as one GEMM each: fewer torch calls. Above it the
+separate GEMMs win (their outputs are contiguous for the elementwise ops that follow). Same values."""
+
+
 @dataclass
 class AttnContext:
     """Where a layer's attention reads/writes: the backend, this half's metadata, the layer's KV slice."""
@@ -71,18 +77,44 @@ class Attention(nn.Module):
             self.k_proj = Linear(h, self.num_kv_heads * d, **kw)
             self.v_proj = Linear(h, self.num_kv_heads * d, **kw)
             self.k_norm = RMSNorm(d, args.rms_norm_eps, **kw)
+            # small batches: q, k, v in one GEMM, normed together (v's scale is 1), q and k rotated together
+            self._qkv = FusedParams([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            self._scale: torch.Tensor | None = None
+            self._scale_key: tuple = ()
         self.o_proj = Linear(self.num_heads * d, h, **kw)
         self.eps = args.rms_norm_eps
 
+    def _qkv_scale(self) -> torch.Tensor:
+        """``[nH + 2 nKV, D]``: q_norm's scale per q head, k_norm's per k head, ones for v heads."""
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        key = (qw.data_ptr(), qw._version, kw.data_ptr(), kw._version)
+        if self._scale is None or key != self._scale_key:
+            with torch.inference_mode(False):
+                nh, nkv = self.num_heads, self.num_kv_heads
+                self._scale = torch.cat([qw.detach().expand(nh, -1), kw.detach().expand(nkv, -1),
+                                         torch.ones_like(kw).expand(nkv, -1)])
+            self._scale_key = key
+        return self._scale
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-        t = x.shape[0]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim)), cos, sin)
-        if not self.is_shared:
-            k = apply_rope(self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)), cos, sin)
-            v = rms_norm(self.v_proj(x).view(t, self.num_kv_heads, self.head_dim), None, self.eps)
+        t, nh, nkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self.is_shared:
+            q = rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
+            q = apply_rope(q, cos, sin)
+        elif t > FUSE_MAX_ROWS:
+            q = apply_rope(rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
+                           cos, sin)
+            k = apply_rope(rms_norm(F.linear(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
+                           cos, sin)
+            v = rms_norm(F.linear(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
             ctx.backend.write_kv(ctx.kv_layer, k, v, ctx.meta, ctx.group)
+        else:
+            qkv = rms_norm(F.linear(x, self._qkv.get()).view(t, nh + 2 * nkv, d), self._qkv_scale(), self.eps)
+            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
+            q = qk[:, :nh]
+            ctx.backend.write_kv(ctx.kv_layer, qk[:, nh:], qkv[:, nh + nkv:], ctx.meta, ctx.group)
         out = ctx.backend.attend(q, ctx.kv_layer, ctx.meta, ctx.group, 1.0)  # Gemma 3n: scaling 1.0
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return F.linear(out.reshape(t, nh * d), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -93,15 +125,21 @@ class MLP(nn.Module):
         self.gate_proj = Linear(h, i, **kw)
         self.up_proj = Linear(h, i, **kw)
         self.down_proj = Linear(i, h, **kw)
+        self._gate_up = FusedParams([self.gate_proj.weight, self.up_proj.weight])
+        self.intermediate = i
         sparsity = args.activation_sparsity_pattern[layer]
         self.sparse = sparsity > 0.0
         self.register_buffer("topk_multiplier", gaussian_topk_multiplier(sparsity, dtype).to(device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.gate_proj(x)
+        if x.shape[0] <= FUSE_MAX_ROWS:
+            gate_up = F.linear(x, self._gate_up.get())
+            gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate:]
+        else:
+            gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
         if self.sparse:
             gate = gaussian_topk(gate, self.topk_multiplier)
-        return self.down_proj(gelu_tanh(gate) * self.up_proj(x))
+        return F.linear(gelu_tanh(gate) * up, self.down_proj.weight)
 
 
 class AltUp(nn.Module):
@@ -121,13 +159,14 @@ class AltUp(nn.Module):
         self.register_buffer("router_input_scale", torch.tensor(h**-1.0, device=device), persistent=False)
 
     def modalities(self, x: torch.Tensor) -> torch.Tensor:
-        routed = self.modality_router(self.router_norm(x) * self.router_input_scale)
-        return torch.tanh(routed.float()).type_as(x)
+        normed = rms_norm(x, self.router_norm.weight, self.router_norm.eps)
+        routed = F.linear(normed * self.router_input_scale, self.modality_router.weight)
+        return torch.tanh(routed) if routed.dtype == torch.float32 else torch.tanh(routed.float()).type_as(x)
 
     def predict(self, h: torch.Tensor) -> torch.Tensor:
         """``pred[:, i] = h[:, i] + sum_k c[i*A + k] h[:, k]`` with ``c`` routed from stream 0."""
         t, a = h.shape[0], self.num_inputs
-        coefs = self.prediction_coefs(self.modalities(h[:, 0])).view(t, a, a)
+        coefs = F.linear(self.modalities(h[:, 0]), self.prediction_coefs.weight).view(t, a, a)
         # Same batched GEMM shape as transformers ([H, A] @ [A, A] per token) so the sums round the same.
         mixed = torch.matmul(h.transpose(1, 2), coefs.transpose(1, 2)).transpose(1, 2)
         return h + mixed  # contiguous like h (``mixed + h`` would follow mixed's transposed layout: 4x slower)
@@ -135,11 +174,13 @@ class AltUp(nn.Module):
     def correct(self, pred: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:
         """``corr[:, j] = pred[:, j] + (coef_j + 1) * (activated - pred[:, 0])``."""
         innovation = activated - pred[:, 0]
-        coefs = self.correction_coefs(self.modalities(activated)) + 1.0
-        return innovation[:, None, :] * coefs[:, :, None] + pred
+        coefs = F.linear(self.modalities(activated), self.correction_coefs.weight) + 1.0
+        corrected = innovation[:, None, :] * coefs[:, :, None]
+        return corrected.add_(pred)
 
     def scale_corrected_output(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.type_as(self.correct_output_scale) * self.correct_output_scale).type_as(x)
+        s = self.correct_output_scale
+        return x * s if x.dtype == s.dtype else (x.type_as(s) * s).type_as(x)
 
 
 class Laurel(nn.Module):
@@ -160,6 +201,7 @@ class DecoderLayer(nn.Module):
         h, p, eps = args.hidden_size, args.hidden_size_per_layer_input, args.rms_norm_eps
         kw = dict(dtype=dtype, device=device)
         self.layer = layer
+        self.eps = eps
         self.correct_scale = args.altup_correct_scale
         self.self_attn = Attention(args, layer, **kw)
         self.mlp = MLP(args, layer, **kw)
@@ -175,20 +217,27 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, per_layer_input: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: AttnContext) -> torch.Tensor:
-        """``h [T, A, H]``, ``per_layer_input [T, P]``, ``cos/sin [T, D]`` -> new ``[T, A, H]``."""
+        """``h [T, A, H]``, ``per_layer_input [T, P]``, ``cos/sin [T, 1, D]`` -> new ``[T, A, H]``.
+
+        The norms and small projections are called as functions on the submodules' weights (a decode step
+        runs hundreds of them: module-call overhead shows)."""
+        eps = self.eps
         pred = self.altup.predict(h)
         active = pred[:, 0]
-        x = self.input_layernorm(active)
-        laurel = self.laurel(x)
-        attn = self.post_attention_layernorm(self.self_attn(x, cos, sin, ctx))
+        x = rms_norm(active, self.input_layernorm.weight, eps)
+        lr = self.laurel
+        laurel = x + rms_norm(F.linear(F.linear(x, lr.linear_left.weight), lr.linear_right.weight),
+                              lr.post_laurel_norm.weight, eps)
+        attn = rms_norm(self.self_attn(x, cos, sin, ctx), self.post_attention_layernorm.weight, eps)
         gated = ((active + attn) + laurel) / SQRT2  # transformers divides by math.sqrt(2)
-        out = gated + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(gated)))
+        mlp = self.mlp(rms_norm(gated, self.pre_feedforward_layernorm.weight, eps))
+        out = gated + rms_norm(mlp, self.post_feedforward_layernorm.weight, eps)
         corr = self.altup.correct(pred, out)
 
         first = corr[:, 0]
         if self.correct_scale:
             first = self.altup.scale_corrected_output(first)
-        first = gelu_tanh(self.per_layer_input_gate(first)) * per_layer_input
-        first = self.post_per_layer_input_norm(self.per_layer_projection(first))
+        first = gelu_tanh(F.linear(first, self.per_layer_input_gate.weight)) * per_layer_input
+        first = rms_norm(F.linear(first, self.per_layer_projection.weight), self.post_per_layer_input_norm.weight, eps)
         corr[:, 1:] += first[:, None, :]
         return corr

@@ -91,7 +91,12 @@ class Gemma3nModel(nn.Module):
         return torch.stack(streams, dim=1), ple
 
     def rope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {t: rope_cos_sin(positions, getattr(self, f"inv_freq_{t}"), self.dtype) for t in set(self.layer_types)}
+        """Per layer type, cos/sin ``[T, 1, D]`` (broadcast over heads)."""
+        out = {}
+        for t in set(self.layer_types):
+            cos, sin = rope_cos_sin(positions, getattr(self, f"inv_freq_{t}"), self.dtype)
+            out[t] = cos[:, None], sin[:, None]
+        return out
 
     def run_layers(self, start: int, end: int, h: torch.Tensor, ple: torch.Tensor, positions: torch.Tensor,
                    kv_caches: Sequence[torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata,

@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """``y = x * (mean(x^2) + eps)^-0.5 [* w]`` in float32, cast back. Gemma 3n has no ``1 + w``."""
+    if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):  # same ops, no casts
+        y = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+        return y if weight is None else y * weight
     xf = x.float()
     y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -53,9 +56,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX half-split rotation of ``x [T, heads, D]`` with ``cos/sin [T, D]``."""
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
+    """NeoX half-split rotation of ``x [T, heads, D]`` with ``cos/sin [T, 1, D]``."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos) + (rotated * sin)

@@ -1,0 +1,39 @@
+"""Several parameters of a layer used as one tensor (one GEMM for q/k/v, one for MLP gate/up, one norm scale
+for q/k/v heads), without duplicating them and without changing how checkpoints load.
+
+The parameters keep their transformers names and shapes (loading copies into them by name); on first use
+they are re-pointed to consecutive slices of one concatenated tensor, so later in-place loads write
+through to it. If a parameter is replaced (``module.to()``, assigning ``.data``), its address changes and
+the next use re-concatenates. Splitting a GEMM's output columns does not change any value: each output
+is the same sum over the input whatever the GEMM's width (checked bit for bit, up to K = 2048).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class FusedParams:
+    """``params`` (same dtype/device, equal trailing shape) as views of one tensor concatenated on dim 0."""
+
+    def __init__(self, params: Sequence[nn.Parameter]):
+        self._params = list(params)
+        self._fused: torch.Tensor | None = None
+        self._ptrs: tuple[int, ...] = ()
+
+    def get(self) -> torch.Tensor:
+        ptrs = tuple(p.data_ptr() for p in self._params)
+        if self._fused is None or ptrs != self._ptrs:
+            with torch.inference_mode(False):  # a normal tensor: loading into the params later must work
+                fused = torch.cat([p.detach() for p in self._params])
+            start = 0
+            for p in self._params:
+                n = p.shape[0]
+                p.data = fused[start:start + n]
+                start += n
+            self._fused = fused
+            self._ptrs = tuple(p.data_ptr() for p in self._params)
+        return self._fused
