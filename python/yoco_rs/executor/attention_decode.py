@@ -22,10 +22,9 @@ Per layer (:meth:`DecodeAttention.attend`):
    ``D`` columns: zeros add nothing to an FMA chain, so every score is exactly what a per-head GEMM gives
    (see :mod:`.invariance`). Otherwise one GEMM per KV head. K/V are never repeated for GQA;
 3. per bucket one mask add and one softmax (into one flat buffer);
-4. values: a single ``embedding_bag`` for all buckets, reading V straight from the cache: a weighted sum
-   is a sequential FMA chain, which is what the ``p @ v`` GEMM of the multi-query path and of
-   transformers computes up to ``FMA_CHAIN_MAX`` keys, and it stays independent of the batch at any
-   length.
+4. values: a single ``embedding_bag`` for all buckets, reading V straight from the cache, one bag per
+   (row, query head, value piece): a weighted sum is a sequential FMA chain, exactly what the multi-query
+   path's ``p @ v`` GEMM computes per piece (:mod:`.invariance`); the pieces are then added in order.
 """
 
 from __future__ import annotations
@@ -35,7 +34,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from yoco_rs.executor.invariance import FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS, additive_mask, pad_rows
+from yoco_rs.executor.invariance import (
+    FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS, VALUE_PIECE, additive_mask, pad_rows, plan_buckets,
+)
 
 PAGE_TOKENS = 16
 """Gather granularity in tokens (whole blocks when blocks are smaller)."""
@@ -59,6 +60,10 @@ class DecodeRows:
     viewed as ``[num_pages, page * nKV * D]``; padding pages are page 0 (block 0)."""
     masks: list[torch.Tensor]
     """Per bucket, ``[rows, 1, pages * page]`` additive mask."""
+    key_start: torch.Tensor
+    """[Rs] absolute position of each row's first gathered key (bucket order, device)."""
+    num_pieces: int
+    """Value pieces per row (the most any row's gathered keys touch)."""
     _bags: dict = field(default_factory=dict)
 
     @property
@@ -68,58 +73,36 @@ class DecodeRows:
     def value_bags(self, nkv: int, grp: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """``embedding_bag`` indices and offsets of the value sums, in the layout of the probabilities:
         per bucket one bag per (row, query head) (``fused``) or per (KV head, row, query head of that KV
-        head), over the row's gathered keys; index ``slot * nKV + kv_head`` into V viewed as
-        ``[num_slots * nKV, D]``. Built on first use, shared by the group's layers."""
+        head), over the row's gathered keys, cut into ``num_pieces`` bags at the value-piece boundaries
+        (trailing ones empty); index ``slot * nKV + kv_head`` into V viewed as ``[num_slots * nKV, D]``.
+        Built on first use, shared by the group's layers."""
         got = self._bags.get((nkv, grp, fused))
         if got is not None:
             return got
         dev = self.page_ids.device
         within = torch.arange(self.page, device=dev)
         kv_head = torch.arange(nkv * grp, device=dev) // grp
-        index, offsets, p0, total = [], [], 0, 0
+        # piece boundaries of each row, relative to its first gathered key: [Rs, num_pieces]
+        first_piece = torch.div(self.key_start, VALUE_PIECE, rounding_mode="floor")
+        cuts = (first_piece[:, None] + torch.arange(self.num_pieces, device=dev)) * VALUE_PIECE - self.key_start[:, None]
+        index, offsets, p0, r0, total = [], [], 0, 0, 0
         for n, pages in self.buckets:
             s = pages * self.page
             slots = (self.page_ids[p0:p0 + n * pages].view(n, pages, 1) * self.page + within).view(n, 1, s)
-            p0 += n * pages
+            cut = cuts[r0:r0 + n].clamp(0, s)  # [n, pieces]
+            p0, r0 = p0 + n * pages, r0 + n
             if fused:
                 idx = slots * nkv + kv_head.view(1, -1, 1)  # [n, nH, s]
             else:
                 idx = (slots * nkv + torch.arange(nkv, device=dev).view(nkv, 1, 1, 1)).expand(nkv, n, grp, s)
+            bag_start = torch.arange(total, total + idx.numel(), s, device=dev).view(idx.shape[:-1])
+            cut = cut.view(n, 1, -1) if fused else cut.view(1, n, 1, -1)
+            offsets.append((bag_start[..., None] + cut).reshape(-1))
             index.append(idx.reshape(-1))
-            offsets.append(torch.arange(total, total + idx.numel(), s, device=dev))
             total += idx.numel()
         got = torch.cat(index), torch.cat(offsets)
         self._bags[(nkv, grp, fused)] = got
         return got
-
-
-def plan_buckets(need: list[int], max_buckets: int = MAX_BUCKETS,
-                 cost: int = BUCKET_COST_PAGES) -> list[tuple[int, int]]:
-    """Cuts rows needing ``need`` pages (descending) into at most ``max_buckets`` runs minimizing gathered
-    pages (rows x the run's first, longest, row) plus ``cost`` per run. Cut points are taken from at most
-    8 evenly spaced candidates, so this is O(1) work per step."""
-    n = len(need)
-    step = max(1, -(-n // 8))
-    cands = list(range(0, n, step)) + [n]
-    inf = float("inf")
-    # best[i][b]: cheapest cover of rows [0, cands[i]) by b runs, with the previous cut
-    best = [[(inf, -1)] * (max_buckets + 1) for _ in cands]
-    best[0][0] = (0, -1)
-    for i in range(1, len(cands)):
-        for b in range(1, max_buckets + 1):
-            for j in range(i):
-                prev = best[j][b - 1][0]
-                c = prev + (cands[i] - cands[j]) * need[cands[j]] + cost
-                if c < best[i][b][0]:
-                    best[i][b] = (c, j)
-    last = len(cands) - 1
-    b = min(range(1, max_buckets + 1), key=lambda k: best[last][k][0])
-    runs, i = [], last
-    while i > 0:
-        j = best[i][b][1]
-        runs.append((cands[i] - cands[j], need[cands[j]]))
-        i, b = j, b - 1
-    return runs[::-1]
 
 
 def build_decode_rows(table: torch.Tensor, seq: torch.Tensor, qpos: torch.Tensor, query_idx: torch.Tensor,
@@ -133,7 +116,8 @@ def build_decode_rows(table: torch.Tensor, seq: torch.Tensor, qpos: torch.Tensor
     first, last = start // page, (seq - 1) // page
     need = (last - first + 1).clamp(min=-(-MIN_KEYS // page))
     order = torch.argsort(need, descending=True, stable=True)
-    buckets = plan_buckets(need[order].tolist())
+    buckets = [(n, p) for n, p, _ in plan_buckets(need[order].tolist(), max_buckets=MAX_BUCKETS,
+                                                  cost=BUCKET_COST_PAGES)]
     per_row = torch.repeat_interleave(torch.tensor([p for _, p in buckets]), torch.tensor([n for n, _ in buckets]))
     row_of = torch.repeat_interleave(order, per_row)  # each gathered page's row (host)
     j = torch.arange(int(per_row.sum())) - torch.repeat_interleave(torch.cumsum(per_row, 0) - per_row, per_row)
@@ -149,7 +133,11 @@ def build_decode_rows(table: torch.Tensor, seq: torch.Tensor, qpos: torch.Tensor
     for n, pages in buckets:
         masks.append(mask[k0:k0 + n * pages * page].view(n, 1, pages * page))
         k0 += n * pages * page
-    return DecodeRows(query_idx.index_select(0, order.to(dev)), buckets, page, page_ids, masks)
+    key_start = first[order] * page
+    span = torch.repeat_interleave(torch.tensor([p * page for _, p in buckets]), torch.tensor([n for n, _ in buckets]))
+    pieces = int(((key_start + span - 1) // VALUE_PIECE - key_start // VALUE_PIECE).max()) + 1
+    return DecodeRows(query_idx.index_select(0, order.to(dev)), buckets, page, page_ids, masks, key_start.to(dev),
+                      pieces)
 
 
 class DecodeAttention:
@@ -234,12 +222,17 @@ class DecodeAttention:
         w = torch.cat([x.reshape(-1) for x in weights]) if padded else probs
         index, offsets = rows.value_bags(nkv, grp, fused)
         o = F.embedding_bag(index, kv_layer[1].view(-1, d), offsets, mode="sum", per_sample_weights=w)
+        pieces = rows.num_pieces
         if fused:
-            o = o.view(rs, nh, d)
+            o = o.view(rs, nh, pieces, d)
         else:
             parts, b0 = [], 0
             for n, _ in rows.buckets:
-                parts.append(o[b0:b0 + nh * n].view(nkv, n, grp, d).transpose(0, 1).reshape(n, nh, d))
-                b0 += nh * n
+                part = o[b0:b0 + nh * n * pieces].view(nkv, n, grp, pieces, d)
+                parts.append(part.transpose(0, 1).reshape(n, nh, pieces, d))
+                b0 += nh * n * pieces
             o = torch.cat(parts)
-        out.index_copy_(0, rows.query_idx, o)
+        acc = o[:, :, 0]
+        for j in range(1, pieces):  # value pieces in order (empty ones are exact zeros)
+            acc = acc + o[:, :, j]
+        out.index_copy_(0, rows.query_idx, acc)

@@ -14,6 +14,12 @@ equivalence matrix and the transformers comparisons rely on it). Measured on MKL
   that depend on the total length, so padding changes the last ulps there.
 * Softmax gives bit-identical probabilities whatever masked entries (``finfo.min``) surround a row's
   visible ones, once the row is at least ``MIN_KEYS`` long; shorter rows round differently.
+* Hence the rule both attention paths follow for ``p @ v``: a query's values are summed in *pieces* of
+  keys ``[VALUE_PIECE * k, VALUE_PIECE * (k + 1))`` (absolute positions), each piece one sequential chain
+  (a GEMM over at most ``FMA_CHAIN_MAX`` keys, or ``embedding_bag``), the pieces added in order. That
+  makes a token's output independent of the batch, of its chunking and of prefill vs decode at any
+  context length; up to ``VALUE_PIECE`` keys it is also exactly transformers' ``p @ v`` (beyond, the
+  oracle's own GEMM splits the sum at points that depend on its whole sequence length).
 * Swapping a GEMM's operands (``k @ q^T`` instead of ``q @ k^T``) changes the rounding: the orientation
   is part of the contract (transformers' eager attention computes ``q @ k^T`` and ``p @ v``).
 """
@@ -25,6 +31,42 @@ import torch
 MIN_GEMM_ROWS = 4
 MIN_KEYS = 16
 FMA_CHAIN_MAX = 192
+VALUE_PIECE = FMA_CHAIN_MAX
+
+
+def value_pieces(num_keys: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the value pieces over keys ``0 .. num_keys`` (key 0 at a piece boundary)."""
+    return [(c, min(c + VALUE_PIECE, num_keys)) for c in range(0, num_keys, VALUE_PIECE)]
+
+
+def plan_buckets(need: list[int], width: list[int] | None = None, *, max_buckets: int,
+                 cost: float) -> list[tuple[int, int, int]]:
+    """Cuts items needing ``need`` key pages (descending) into at most ``max_buckets`` runs padded to the
+    run's first (longest) item: minimizes padded work (items x pages x the widest item's ``width``, 1 when
+    None) plus ``cost`` per run. Cut points come from at most 8 evenly spaced candidates: O(1) per step.
+    Returns ``(items, pages, width)`` per run."""
+    n = len(need)
+    wid = width if width is not None else [1] * n
+    step = max(1, -(-n // 8))
+    cands = list(range(0, n, step)) + [n]
+    inf = float("inf")
+    best = [[(inf, -1)] * (max_buckets + 1) for _ in cands]  # best[i][b]: rows [0, cands[i]) in b runs
+    best[0][0] = (0.0, -1)
+    for i in range(1, len(cands)):
+        for b in range(1, max_buckets + 1):
+            for j in range(i):
+                prev = best[j][b - 1][0]
+                c = prev + (cands[i] - cands[j]) * need[cands[j]] * max(wid[cands[j]:cands[i]]) + cost
+                if c < best[i][b][0]:
+                    best[i][b] = (c, j)
+    last = len(cands) - 1
+    b = min(range(1, max_buckets + 1), key=lambda k: best[last][k][0])
+    runs, i = [], last
+    while i > 0:
+        j = best[i][b][1]
+        runs.append((cands[i] - cands[j], need[cands[j]], max(wid[cands[j]:cands[i]])))
+        i, b = j, b - 1
+    return runs[::-1]
 
 
 def pad_rows(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
