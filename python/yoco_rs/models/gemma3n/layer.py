@@ -142,7 +142,7 @@ class MLP(nn.Module):
             gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
         if self.sparse:
             gate = gaussian_topk(gate, self.topk_multiplier)
-        return F.linear(gelu_tanh(gate) * up, self.down_proj.weight)
+        return F.linear(gelu_tanh(gate).mul_(up), self.down_proj.weight)
 
 
 class AltUp(nn.Module):
@@ -239,18 +239,19 @@ class DecoderLayer(nn.Module):
         active = pred[:, 0]
         x = rms_norm(active, self.input_layernorm.weight, eps)
         lr = self.laurel
-        laurel = x + rms_norm(F.linear(F.linear(x, lr.linear_left.weight), lr.linear_right.weight),
-                              lr.post_laurel_norm.weight, eps)
+        # in-place where a fresh result is consumed once (same operations and operand order: same values)
+        laurel = rms_norm(F.linear(F.linear(x, lr.linear_left.weight), lr.linear_right.weight),
+                          lr.post_laurel_norm.weight, eps).add_(x)
         attn = rms_norm(self.self_attn(x, cos, sin, ctx), self.post_attention_layernorm.weight, eps)
-        gated = ((active + attn) + laurel) / SQRT2  # transformers divides by math.sqrt(2)
+        gated = (active + attn).add_(laurel).div_(SQRT2)  # transformers divides by math.sqrt(2)
         mlp = self.mlp(rms_norm(gated, self.pre_feedforward_layernorm.weight, eps))
-        out = gated + rms_norm(mlp, self.post_feedforward_layernorm.weight, eps)
+        out = rms_norm(mlp, self.post_feedforward_layernorm.weight, eps).add_(gated)
         corr = self.altup.correct(pred, out)
 
         first = corr[:, 0]
         if self.correct_scale:
             first = self.altup.scale_corrected_output(first)
-        first = gelu_tanh(F.linear(first, self.per_layer_input_gate.weight)) * per_layer_input
+        first = gelu_tanh(F.linear(first, self.per_layer_input_gate.weight)).mul_(per_layer_input)
         first = rms_norm(F.linear(first, self.per_layer_projection.weight), self.post_per_layer_input_norm.weight, eps)
         corr[:, 1:] += first[:, None, :]
         return corr

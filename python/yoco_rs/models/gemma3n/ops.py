@@ -17,7 +17,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     """``y = x * (mean(x^2) + eps)^-0.5 [* w]`` in float32, cast back. Gemma 3n has no ``1 + w``."""
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):  # same ops, no casts
         y = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-        return y if weight is None else y * weight
+        return y if weight is None else y.mul_(weight)
     xf = x.float()
     y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -39,7 +39,7 @@ def gaussian_topk(gate: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
     """``relu(gate - (mean + std_pop * icdf(sparsity)))`` per token: shifts as well as masks."""
     mean = torch.mean(gate, dim=-1, keepdim=True)
     std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)
-    return F.relu(gate - (mean + std * multiplier))
+    return F.relu_(gate - (mean + std * multiplier))
 
 
 def rope_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
@@ -59,7 +59,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """NeoX half-split rotation of ``x [T, heads, D]`` with ``cos/sin [T, 1, D]``."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos) + (rotated * sin)
+    return (x * cos).add_(rotated.mul_(sin))
 
 
 def magnitude_match(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
