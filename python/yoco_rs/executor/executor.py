@@ -14,7 +14,10 @@ run the self-decoder on all ``T_pad`` tokens (writing K/V of producing layers), 
 
 * fast prefill (default): gather the ``X_pad`` rows at ``cross_indices``, run the cross-decoder on them
   only (queries per row from ``cross_query_start_loc``, same ``seq_lens`` and block tables: bottom-right
-  alignment makes each selected query see exactly its own prefix), logits for the first ``num_cross``;
+  alignment makes each selected query see exactly its own prefix), logits for the first ``num_cross``.
+  The last self-decoder layer already runs past its K/V projection for those rows only
+  (``Gemma3nModel.self_decoder_for_rows``; not when ``hidden_states`` are collected, which wants every
+  token's self-decoder states);
 * ``kv_sharing_fast_prefill=False``: the cross-decoder on all ``T_pad`` tokens, then logits at the same
   ``cross_indices`` rows. (Also taken with fast prefill on when every scheduled token is selected, e.g.
   a pure decode step: the two paths then compute the same rows, the full one without a gather.)
@@ -257,6 +260,12 @@ class Executor:
             return torch.empty(0, self.args.vocab_size, device=self.device)
         step = self.prepare(batch)
         m, kv = self.model, self.kv_caches
+        if step.cross_meta is not None and step.num_cross > 0 and hidden_states is None:
+            # fast prefill: the last self-decoder layer only needs its K/V for the tokens nobody samples
+            h, ple = m.self_decoder_for_rows(step.input_ids, step.positions, kv, self.backend, step.self_meta,
+                                             step.cross_indices, step.cross_meta)
+            h = m.cross_decoder(h, ple, step.cross_positions, kv, self.backend, step.cross_meta)
+            return m.compute_logits(h)[: step.num_cross]
         hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states)
         if step.cross_meta is not None:
             if step.num_cross == 0:  # nothing samples this step (only middle prefill chunks)

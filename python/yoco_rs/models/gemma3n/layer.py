@@ -99,18 +99,18 @@ class Attention(nn.Module):
             self._scale_key = key
         return self._scale
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext,
+                write: bool = True) -> torch.Tensor:
+        """Attention output ``[T, H]``; a KV-producing layer first writes its tokens' K/V (unless ``write``
+        is False: they were written by :meth:`write_kv` already)."""
         t, nh, nkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        if self.is_shared:
+        if self.is_shared or not write:
             q = rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
             q = apply_rope(q, cos, sin)
         elif t > FUSE_MAX_ROWS:
             q = apply_rope(rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
                            cos, sin)
-            k = apply_rope(rms_norm(F.linear(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
-                           cos, sin)
-            v = rms_norm(F.linear(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
-            ctx.backend.write_kv(ctx.kv_layer, k, v, ctx.meta, ctx.group)
+            self.write_kv(x, cos, sin, ctx)
         else:
             qkv = rms_norm(F.linear(x, self._qkv.get()).view(t, nh + 2 * nkv, d), self._qkv_scale(), self.eps)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
@@ -118,6 +118,14 @@ class Attention(nn.Module):
             ctx.backend.write_kv(ctx.kv_layer, qk[:, nh:], qkv[:, nh + nkv:], ctx.meta, ctx.group)
         out = ctx.backend.attend(q, ctx.kv_layer, ctx.meta, ctx.group, 1.0)  # Gemma 3n: scaling 1.0
         return F.linear(out.reshape(t, nh * d), self.o_proj.weight)
+
+    def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> None:
+        """Only the K/V of tokens ``x`` (a producing layer), written through ``ctx``."""
+        t, nkv, d = x.shape[0], self.num_kv_heads, self.head_dim
+        k = apply_rope(rms_norm(F.linear(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
+                       cos, sin)
+        v = rms_norm(F.linear(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
+        ctx.backend.write_kv(ctx.kv_layer, k, v, ctx.meta, ctx.group)
 
 
 class MLP(nn.Module):
@@ -229,8 +237,14 @@ class DecoderLayer(nn.Module):
         self.post_per_layer_input_norm = RMSNorm(h, eps, **kw)
 
     def forward(self, h: torch.Tensor, per_layer_input: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: AttnContext) -> torch.Tensor:
+                ctx: AttnContext, rows: torch.Tensor | None = None,
+                rows_ctx: AttnContext | None = None) -> torch.Tensor:
         """``h [T, A, H]``, ``per_layer_input [T, P]``, ``cos/sin [T, 1, D]`` -> new ``[T, A, H]``.
+
+        With ``rows`` (a KV-producing layer whose output only ``rows`` need, i.e. the last self-decoder
+        layer under fast prefill): K/V are written for all T tokens, everything after that runs for the
+        tokens ``rows`` only, attending through ``rows_ctx``; returns ``[len(rows), A, H]``, the same
+        values as the full layer's rows (every step is per token, and attention per query).
 
         The norms and small projections are called as functions on the submodules' weights (a decode step
         runs hundreds of them: module-call overhead shows)."""
@@ -238,11 +252,18 @@ class DecoderLayer(nn.Module):
         pred = self.altup.predict(h)
         active = pred[:, 0]
         x = rms_norm(active, self.input_layernorm.weight, eps)
+        if rows is not None:
+            self.self_attn.write_kv(x, cos, sin, ctx)
+            pred, x = pred.index_select(0, rows), x.index_select(0, rows)
+            active = pred[:, 0]
+            cos, sin, per_layer_input = cos.index_select(0, rows), sin.index_select(0, rows), \
+                per_layer_input.index_select(0, rows)
+            ctx = rows_ctx
         lr = self.laurel
         # in-place where a fresh result is consumed once (same operations and operand order: same values)
         laurel = rms_norm(F.linear(F.linear(x, lr.linear_left.weight), lr.linear_right.weight),
                           lr.post_laurel_norm.weight, eps).add_(x)
-        attn = rms_norm(self.self_attn(x, cos, sin, ctx), self.post_attention_layernorm.weight, eps)
+        attn = rms_norm(self.self_attn(x, cos, sin, ctx, write=rows is None), self.post_attention_layernorm.weight, eps)
         gated = (active + attn).add_(laurel).div_(SQRT2)  # transformers divides by math.sqrt(2)
         mlp = self.mlp(rms_norm(gated, self.pre_feedforward_layernorm.weight, eps))
         out = rms_norm(mlp, self.post_feedforward_layernorm.weight, eps).add_(gated)

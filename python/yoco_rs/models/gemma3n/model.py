@@ -4,6 +4,8 @@
   ``(hidden [T, A, H], per_layer_inputs [T, N, P])``: embeddings, per-layer inputs (PLE), AltUp expansion,
   then layers ``0 .. first_shared-1``, writing the K/V of every producing layer through
   ``meta.slot_mapping``.
+* :meth:`Gemma3nModel.self_decoder_for_rows`: the same followed by picking X rows, skipping the last
+  self-decoder layer's work past its K/V for the other tokens (what fast prefill executes).
 * :meth:`Gemma3nModel.cross_decoder` ``(hidden [X, A, H], per_layer_inputs [X, N, P], positions [X],
   kv_caches, meta)`` -> ``hidden [X, A, H]``: the KV-sharing layers ``first_shared .. N-1``, on whatever rows
   they are given (the selected rows in fast prefill; all T rows otherwise), attending to their donors' KV.
@@ -118,6 +120,22 @@ class Gemma3nModel(nn.Module):
         h, ple = self.embed(input_ids)
         h = self.run_layers(0, self.first_shared, h, ple, positions, kv_caches, backend, meta, collect)
         return h, ple
+
+    def self_decoder_for_rows(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                              kv_caches: Sequence[torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata,
+                              rows: torch.Tensor, rows_meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """``self_decoder`` followed by picking ``rows``, the fast-prefill way: identical K/V for every token
+        and identical values for the rows, but the last self-decoder layer runs past its K/V projection only
+        for the rows (the other tokens' outputs would feed nothing), attending through ``rows_meta`` (the
+        cross half's metadata). Returns ``(hidden [X, A, H], per_layer_inputs [X, N, P])`` of the rows."""
+        h, ple = self.embed(input_ids)
+        last = self.first_shared - 1
+        h = self.run_layers(0, last, h, ple, positions, kv_caches, backend, meta)
+        g, s = self.kv_slices[last]
+        cos, sin = self.rope(positions)[self.layer_types[last]]
+        h = self.layers[last](h, ple[:, last], cos, sin, AttnContext(backend, meta, kv_caches[g][s], g),
+                              rows=rows, rows_ctx=AttnContext(backend, rows_meta, kv_caches[g][s], g))
+        return h, ple.index_select(0, rows)
 
     def cross_decoder(self, hidden: torch.Tensor, per_layer_inputs: torch.Tensor, positions: torch.Tensor,
                       kv_caches: Sequence[torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata,
