@@ -24,13 +24,19 @@ def _naive(q, k_seq, v_seq, pos, window, scale):
     return torch.einsum("hs,shd->hd", w, v)
 
 
+# heads (query, KV) and head dim: GQA with all heads in one GEMM (nKV * D <= 192), GQA with one GEMM per KV
+# head and no padding rows (E2B-like 8/2 x 128), MHA, MQA
+HEADS = {"gqa": (4, 2, 8), "gqa-per-kv-head": (8, 2, 128), "mha": (2, 2, 16), "mqa": (4, 1, 8)}
+
+
+@pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("query_chunk", [256, 3], ids=["whole-rows", "rows-in-chunks-of-3"])
 @pytest.mark.parametrize("seed", range(4))
-def test_mixed_batch_paged_attention_equals_naive_attention(seed, query_chunk, monkeypatch):
+def test_mixed_batch_paged_attention_equals_naive_attention(seed, query_chunk, heads, monkeypatch):
     monkeypatch.setattr(attention_torch, "QUERY_CHUNK", query_chunk)
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
-    nh, nkv, d, bs, nb = 4, 2, 8, 4, 64
+    (nh, nkv, d), bs, nb = HEADS[heads], 4, 64
     windows = [None, 5]  # one full group, one sliding group
     backend = TorchAttentionBackend()
     # rows: (context before this step, queries this step)

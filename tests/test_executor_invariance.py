@@ -16,13 +16,16 @@ from tiny import tiny_hf_model
 
 from yoco_rs.executor.invariance import FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS, VALUE_PIECE
 
-# long contexts: a 300-token window and a full-attention group, prompts well past one value piece
+# long contexts: a 300-token window and a full-attention group, prompts well past one value piece; heads
+# as tiny-10L (all query heads in one score GEMM) and as E2B (8 query / 2 KV heads of 256: a GEMM per KV
+# head, and score sums over more than FMA_CHAIN_MAX terms)
 LONG = dict(sliding_window=300, max_position_embeddings=2048)
+HEADS = {"tiny-heads": {}, "e2b-heads": dict(num_attention_heads=8, head_dim=256)}
 
 
-@pytest.fixture(scope="module")
-def hf():
-    return tiny_hf_model(seed=4, **LONG)
+@pytest.fixture(scope="module", params=list(HEADS))
+def hf(request):
+    return tiny_hf_model(seed=4, **LONG, **HEADS[request.param])
 
 
 def _tokens(seed: int, n: int) -> list[int]:
