@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from yoco_rs.executor.invariance import (
-    FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS, VALUE_PIECE, additive_mask, pad_rows, plan_buckets,
+    FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS, VALUE_PIECE, additive_mask, pad_rows,
 )
 
 PAGE_TOKENS = 16
@@ -84,7 +84,8 @@ class DecodeRows:
         kv_head = torch.arange(nkv * grp, device=dev) // grp
         # piece boundaries of each row, relative to its first gathered key: [Rs, num_pieces]
         first_piece = torch.div(self.key_start, VALUE_PIECE, rounding_mode="floor")
-        cuts = (first_piece[:, None] + torch.arange(self.num_pieces, device=dev)) * VALUE_PIECE - self.key_start[:, None]
+        pieces = first_piece[:, None] + torch.arange(self.num_pieces, device=dev)
+        cuts = pieces * VALUE_PIECE - self.key_start[:, None]
         index, offsets, p0, r0, total = [], [], 0, 0, 0
         for n, pages in self.buckets:
             s = pages * self.page
@@ -105,6 +106,33 @@ class DecodeRows:
         return got
 
 
+def plan_buckets(need: list[int], max_buckets: int = MAX_BUCKETS,
+                 cost: int = BUCKET_COST_PAGES) -> list[tuple[int, int]]:
+    """Cuts rows needing ``need`` pages (descending) into at most ``max_buckets`` runs, each padded to its
+    first (longest) row, minimizing gathered pages plus ``cost`` per run. Cut points come from at most 8
+    evenly spaced candidates: O(1) work per step. Returns ``(rows, pages)`` per run."""
+    n = len(need)
+    step = max(1, -(-n // 8))
+    cands = list(range(0, n, step)) + [n]
+    inf = float("inf")
+    best = [[(inf, -1)] * (max_buckets + 1) for _ in cands]  # best[i][b]: rows [0, cands[i]) in b runs
+    best[0][0] = (0, -1)
+    for i in range(1, len(cands)):
+        for b in range(1, max_buckets + 1):
+            for j in range(i):
+                c = best[j][b - 1][0] + (cands[i] - cands[j]) * need[cands[j]] + cost
+                if c < best[i][b][0]:
+                    best[i][b] = (c, j)
+    last = len(cands) - 1
+    b = min(range(1, max_buckets + 1), key=lambda k: best[last][k][0])
+    runs, i = [], last
+    while i > 0:
+        j = best[i][b][1]
+        runs.append((cands[i] - cands[j], need[cands[j]]))
+        i, b = j, b - 1
+    return runs[::-1]
+
+
 def build_decode_rows(table: torch.Tensor, seq: torch.Tensor, qpos: torch.Tensor, query_idx: torch.Tensor,
                       window: int | None, block_size: int, dtype: torch.dtype) -> DecodeRows:
     """``table``: the rows' block tables ``[Rs, max_blocks]`` (device); ``seq``: their context lengths
@@ -116,8 +144,7 @@ def build_decode_rows(table: torch.Tensor, seq: torch.Tensor, qpos: torch.Tensor
     first, last = start // page, (seq - 1) // page
     need = (last - first + 1).clamp(min=-(-MIN_KEYS // page))
     order = torch.argsort(need, descending=True, stable=True)
-    buckets = [(n, p) for n, p, _ in plan_buckets(need[order].tolist(), max_buckets=MAX_BUCKETS,
-                                                  cost=BUCKET_COST_PAGES)]
+    buckets = plan_buckets(need[order].tolist())
     per_row = torch.repeat_interleave(torch.tensor([p for _, p in buckets]), torch.tensor([n for n, _ in buckets]))
     row_of = torch.repeat_interleave(order, per_row)  # each gathered page's row (host)
     j = torch.arange(int(per_row.sum())) - torch.repeat_interleave(torch.cumsum(per_row, 0) - per_row, per_row)

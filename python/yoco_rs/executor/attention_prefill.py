@@ -1,5 +1,5 @@
 """Multi-query rows of the torch reference attention (prefill chunks, prompt-logprob cross rows): every
-row's queries in pieces of at most ``query_chunk`` queries, all pieces of a step batched together.
+row's queries in chunks of at most ``query_chunk`` queries, similar chunks of all rows batched together.
 
 Once per step and KV group (:func:`build_prefill_rows`, from ``build_metadata``; shared by the group's
 layers): a row's queries are cut at absolute positions ``k * query_chunk`` (small chunks: less of the
@@ -7,9 +7,10 @@ masked upper triangle of each chunk's score block is computed). Each chunk sees 
 query's window start (0 on full-attention layers) to its last query; that span is widened down to a
 value-piece boundary (:mod:`.invariance`: values are summed in pieces of ``VALUE_PIECE`` keys at absolute
 positions, so every chunk's pieces line up) and covered by pages of ``PAGE_TOKENS`` tokens. Chunks with
-the same absolute index, from all rows, have (nearly) the same shape and are batched, padded to the
-largest; a step of many prompts does not loop per chunk in Python. Padding queries repeat the chunk's last
-query and are dropped; padding keys are masked.
+the same absolute index, from all rows, have (nearly) the same shape and are batched ("buckets"), padded
+to the largest, in slices under ``SCORES_BUDGET``; a step of many prompts does not loop per chunk in
+Python. Padding queries repeat the chunk's last query and are dropped; padding keys are masked. (The work
+is compute-bound: batching dissimilar chunks costs more in padding than it saves in calls.)
 
 Per layer and bucket (:meth:`PrefillAttention.attend`): gather the queries and the K and V pages, then per
 KV head one batched GEMM ``q @ k^T`` with that head's query heads and the chunk's queries as rows, the
@@ -30,6 +31,7 @@ from yoco_rs.executor.invariance import (
 )
 
 PAGE_TOKENS = 16
+"""Gather granularity in tokens (whole blocks when blocks are smaller)."""
 SCORES_BUDGET = 1 << 19
 """Queries x keys per batched computation: a bucket is processed in slices of chunks under it, so score
 tensors stay a few MB (cache-sized, and reused by the allocator instead of fresh pages every layer)."""
@@ -37,6 +39,8 @@ tensors stay a few MB (cache-sized, and reused by the allocator instead of fresh
 
 @dataclass
 class PrefillBucket:
+    """Chunks computed together, padded to the same number of queries and key pages."""
+
     chunks: int
     queries: int
     """Queries per chunk, padded (at least ``MIN_GEMM_ROWS`` GEMM rows with the query heads of a KV head)."""
@@ -56,7 +60,10 @@ class PrefillBucket:
 
 @dataclass
 class PrefillRows:
+    """The multi-query rows of one step and KV group."""
+
     page: int
+    """Tokens per page."""
     buckets: list[PrefillBucket]
 
 

@@ -39,36 +39,6 @@ def value_pieces(num_keys: int) -> list[tuple[int, int]]:
     return [(c, min(c + VALUE_PIECE, num_keys)) for c in range(0, num_keys, VALUE_PIECE)]
 
 
-def plan_buckets(need: list[int], width: list[int] | None = None, *, max_buckets: int,
-                 cost: float) -> list[tuple[int, int, int]]:
-    """Cuts items needing ``need`` key pages (descending) into at most ``max_buckets`` runs padded to the
-    run's first (longest) item: minimizes padded work (items x pages x the widest item's ``width``, 1 when
-    None) plus ``cost`` per run. Cut points come from at most 8 evenly spaced candidates: O(1) per step.
-    Returns ``(items, pages, width)`` per run."""
-    n = len(need)
-    wid = width if width is not None else [1] * n
-    step = max(1, -(-n // 8))
-    cands = list(range(0, n, step)) + [n]
-    inf = float("inf")
-    best = [[(inf, -1)] * (max_buckets + 1) for _ in cands]  # best[i][b]: rows [0, cands[i]) in b runs
-    best[0][0] = (0.0, -1)
-    for i in range(1, len(cands)):
-        for b in range(1, max_buckets + 1):
-            for j in range(i):
-                prev = best[j][b - 1][0]
-                c = prev + (cands[i] - cands[j]) * need[cands[j]] * max(wid[cands[j]:cands[i]]) + cost
-                if c < best[i][b][0]:
-                    best[i][b] = (c, j)
-    last = len(cands) - 1
-    b = min(range(1, max_buckets + 1), key=lambda k: best[last][k][0])
-    runs, i = [], last
-    while i > 0:
-        j = best[i][b][1]
-        runs.append((cands[i] - cands[j], need[cands[j]], max(wid[cands[j]:cands[i]])))
-        i, b = j, b - 1
-    return runs[::-1]
-
-
 def pad_rows(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
     """``x`` with zero entries appended along ``dim`` up to ``n`` (no copy when already long enough)."""
     if x.shape[dim] >= n:
