@@ -26,6 +26,10 @@ A step with no cross rows (only middle prefill chunks) returns ``[0, vocab]`` an
 On CPU both halves are padded to at least 4 rows (``min_rows``) so that every token's numbers are
 independent of the batch around it (see ``attention_torch``).
 
+On the CPU a step of more than ``SUB_BATCH_TOKENS`` tokens runs as consecutive sub-batches of whole rows
+(activations stay in cache; bit-identical results, see ``sub_batches``), unless ``hidden_states`` are
+collected.
+
 The batch may live on the CPU (the engine's zero-copy views of the core's arrays) or on the device; the
 host values the metadata needs are read from CPU copies. ``slot_mapping`` may be ``[G, T_pad]`` or the
 core's flat group-major ``[G * T_pad]``; integer dtypes are converted as needed.
@@ -57,11 +61,16 @@ from yoco_rs.executor.batch import ForwardBatch
 from yoco_rs.executor.kv_cache import (
     KVGroupSpec, KVPoolPlan, allocate_kv, apply_kv_copies, kv_group_specs, kv_memory_budget, plan_kv_pools,
 )
+from yoco_rs.executor.sub_batches import split_rows
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, ModelConfig, load_config, parse_config
 from yoco_rs.models.gemma3n.model import Gemma3nModel
 from yoco_rs.models.loader import load_checkpoint, load_state_dict
 
 log = logging.getLogger(__name__)
+
+SUB_BATCH_TOKENS = 2048
+"""On the CPU, a step with more scheduled tokens runs as consecutive sub-batches of whole rows of at most
+this many tokens (see ``sub_batches``); 0 turns it off (``Executor.sub_batch_tokens``)."""
 
 
 def default_device() -> torch.device:
@@ -117,6 +126,8 @@ class Executor:
         # CPU BLAS rounds GEMMs with < 4 rows differently: padding both halves to >= 4 rows keeps every
         # token's numbers independent of the batch (and equal to a whole-sequence forward).
         self.min_rows = min_rows if min_rows is not None else (4 if self.device.type == "cpu" else 1)
+        # CPU: large steps run as sub-batches of whole rows (cache-sized activations; same results)
+        self.sub_batch_tokens = SUB_BATCH_TOKENS if self.device.type == "cpu" else 0
 
     # ---- construction -----------------------------------------------------------------------------------------
 
@@ -258,6 +269,13 @@ class Executor:
         selected: ``step.cross_meta is None``)."""
         if batch.num_rows == 0:
             return torch.empty(0, self.args.vocab_size, device=self.device)
+        if 0 < self.sub_batch_tokens < batch.num_tokens and batch.num_rows > 1 and hidden_states is None:
+            parts = split_rows(batch, self.sub_batch_tokens)
+            if len(parts) > 1:
+                return torch.cat([self._execute(p, None) for p in parts])
+        return self._execute(batch, hidden_states)
+
+    def _execute(self, batch: ForwardBatch, hidden_states: list | None) -> torch.Tensor:
         step = self.prepare(batch)
         m, kv = self.model, self.kv_caches
         if step.cross_meta is not None and step.num_cross > 0 and hidden_states is None:
