@@ -1,0 +1,464 @@
+"""CUDA graphs for the two halves of the split forward, each replayed at its *own* padded size.
+
+In a fast-prefill step the self-decoder runs on every scheduled token (T) and the cross-decoder only on
+the rows whose hidden states are needed (X, normally one per sampling request), so the two halves are
+captured separately: the self-decoder at a ladder of token counts, the cross-decoder at a ladder of
+selection counts. vLLM's Gemma 3n port replayed the cross-decoder graph at the *full batch* size (its
+issue #38834), which wastes most of its work; here each half picks its own bucket.
+
+A step (``forward``) goes:
+
+1. **Self half.** Bucket ``T_b`` = the smallest captured size >= T (eager above the largest). The step's
+   metadata is copied into static buffers by device-side ops only (host ints T, R, X come from shapes
+   and the batch, never from tensor values), padding as follows:
+   * tokens ``T..T_b``: id 0, position 0, slot 0 of the reserved block 0 (in every group);
+   * *mixed* steps (some row has > 1 query): the padding tokens form one extra row with
+     ``seq_len = T_b - T`` and an all-zero block table, so every query belongs to a row and reads
+     only block 0 (finite: the cache is zeroed and padding writes finite K/V there); rows after it
+     are empty;
+   * *pure decode* steps (T == R): each padding token is a 1-query row with ``seq_len = 1`` on block 0,
+     so the graph uses the split-KV decode kernel.
+2. **Glue** (eager, between the graphs): gather the hidden rows, per-layer inputs and positions at
+   ``cross_indices`` into the cross half's static inputs.
+3. **Cross half.** Bucket ``X_b`` >= X from the cross ladder; ``cross_indices[X..X_b]`` repeat the last
+   real index. Every cross row becomes a 1-query attention row of its own: ``seq_len = position + 1``
+   (bottom-right causal: the key range of a trailing query of its request) and its request's block-table
+   row, found on the device with ``searchsorted`` over ``query_start_loc``. Padding rows are exact
+   duplicates of the last real row, and even prompt-logprob steps (several trailing rows per request)
+   fit the decode kernel. The graph ends with the logits head, on ``X_b`` rows only.
+4. Logits ``[:X]`` are returned (a view into graph memory, valid until the next ``forward``).
+
+With fast prefill off, the cross half runs on all ``T_b`` rows with the self half's metadata (the
+"full" graphs) and the head runs eagerly on the selected rows.
+
+Modes: ``"graphs"`` captures and replays CUDA graphs (needs CUDA and a backend whose metadata can live
+in static buffers: Triton); ``"replay"`` runs exactly the same bucket choice, padding, static buffer
+reuse and scatter-back *without* capture, on any device and backend (the CPU tests use it to show that
+padded execution equals unpadded). ``enforce_eager`` in the executor bypasses this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.executor.batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def capture_sizes(limit: int, ladder: Sequence[int] = DEFAULT_LADDER) -> tuple[int, ...]:
+    """The ladder's sizes up to ``limit``, plus ``limit`` itself when it is not on the ladder."""
+    sizes = sorted({s for s in ladder if 1 <= s <= limit} | ({limit} if limit >= 1 else set()))
+    return tuple(sizes)
+
+
+def pick_bucket(n: int, sizes: Sequence[int]) -> int | None:
+    """The smallest size >= n, or None above the largest (run eagerly)."""
+    i = bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    token_sizes: tuple[int, ...]
+    """Self-decoder capture sizes for mixed prefill/decode steps."""
+    decode_sizes: tuple[int, ...]
+    """Self-decoder capture sizes for pure decode steps (<= max_num_seqs)."""
+    cross_sizes: tuple[int, ...]
+    """Cross-decoder capture sizes (selected rows)."""
+    max_num_seqs: int
+    max_blocks_per_seq: int
+    fast_prefill: bool = True
+
+    @classmethod
+    def default(cls, *, max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int,
+                fast_prefill: bool = True, max_capture_tokens: int = 512) -> "GraphConfig":
+        tok = capture_sizes(min(max_capture_tokens, max_num_batched_tokens))
+        seqs = capture_sizes(min(max_num_seqs, tok[-1]))
+        return cls(tok, seqs, seqs, max_num_seqs, max_blocks_per_seq, fast_prefill)
+
+    def __post_init__(self):
+        for name in ("token_sizes", "decode_sizes", "cross_sizes"):
+            sizes = getattr(self, name)
+            if list(sizes) != sorted(set(sizes)) or (sizes and sizes[0] < 1):
+                raise ValueError(f"{name} must be ascending distinct sizes >= 1, got {sizes}")
+        if self.decode_sizes and self.decode_sizes[-1] > self.max_num_seqs:
+            raise ValueError(f"decode_sizes go up to {self.decode_sizes[-1]} but max_num_seqs={self.max_num_seqs}: "
+                             "a pure decode step has one token per sequence")
+
+
+@dataclass
+class _Graph:
+    """One captured (or, in replay mode, prepared) half at one size."""
+
+    meta: AttentionMetadata | None
+    graph: Any = None  # torch.cuda.CUDAGraph
+    outputs: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass
+class RunStats:
+    """What the last ``forward`` did (tests pin the buckets; benches count graph hits)."""
+
+    self_kind: str = ""
+    """"mixed", "decode" or "eager"."""
+    self_size: int = 0
+    cross_size: int = 0
+    cross_graphed: bool = False
+    padded_hidden: torch.Tensor | None = None
+    """The self half's output state over all its padded rows (tests check padding stays finite)."""
+    padded_logits: torch.Tensor | None = None
+    """The cross half's logits over all its padded rows (padding rows duplicate the last real row)."""
+    history: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+class CudaGraphRunner:
+    """Runs a split model (``self_decoder`` / ``cross_decoder`` / ``compute_logits``, see
+    ``yoco_rs.models.gemma3n.model``) through padded static buffers, captured (``mode="graphs"``) or
+    not (``mode="replay"``)."""
+
+    def __init__(self, model, kv_caches: Sequence[torch.Tensor], backend: AttentionBackend, *,
+                 windows: Sequence[int | None], block_size: int, config: GraphConfig,
+                 mode: str = "graphs", device: torch.device | str | None = None):
+        if mode not in ("graphs", "replay"):
+            raise ValueError(f"mode must be 'graphs' or 'replay', got {mode!r}")
+        self.device = torch.device(device) if device is not None else kv_caches[0].device
+        if mode == "graphs":
+            if self.device.type != "cuda":
+                raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}; use mode='replay'")
+            if not _has_static_metadata(backend):
+                raise ValueError(f"the {backend.name!r} attention backend builds metadata with host syncs and "
+                                 "cannot be captured; use the triton backend or enforce_eager")
+        self.model, self.kv_caches, self.backend = model, list(kv_caches), backend
+        self.windows, self.block_size, self.cfg, self.mode = list(windows), block_size, config, mode
+        self.stats = RunStats()
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+        self._alloc_static()
+        self._self_graphs: dict[tuple[str, int], _Graph] = {}
+        self._cross_graphs: dict[tuple[str, int], _Graph] = {}
+        self._pool = None
+
+    # ---- static buffers ---------------------------------------------------------------------------------
+
+    def _alloc_static(self) -> None:
+        c, dev, g = self.cfg, self.device, len(self.kv_caches)
+        t_max = max(c.token_sizes + c.decode_sizes, default=1)
+        x_max = max(c.cross_sizes, default=1)
+        if not c.fast_prefill:
+            x_max = max(x_max, t_max)
+        self.rows_max = max([min(t, c.max_num_seqs) + 1 for t in c.token_sizes] + list(c.decode_sizes) + [1])
+        i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
+        self.s_ids = torch.zeros(t_max, **i64)
+        self.s_pos = torch.zeros(t_max, **i64)
+        self.s_slots = torch.zeros(g, t_max, **i64)
+        self.s_qsl = torch.zeros(self.rows_max + 1, **i32)
+        self.s_seq = torch.zeros(self.rows_max, **i32)
+        self.s_tables = [torch.zeros(self.rows_max, c.max_blocks_per_seq, **i32) for _ in range(g)]
+        self.arange = torch.arange(max(t_max, x_max, self.rows_max) + 1, **i32)
+        self.x_idx = torch.zeros(x_max, **i64)
+        self.x_pos = torch.zeros(x_max, **i64)
+        self.x_seq = torch.zeros(x_max, **i32)
+        self.x_tables = [torch.zeros(x_max, c.max_blocks_per_seq, **i32) for _ in range(g)]
+        self.x_hidden: torch.Tensor | None = None  # allocated on first use (shape from the model)
+        self.x_ple: torch.Tensor | None = None
+
+    def _fill_self(self, b: ForwardBatch, kind: str, tb: int) -> None:
+        """Copies the batch's self-half inputs into the static buffers, padded to ``tb`` (device ops only)."""
+        t, r = b.num_tokens, b.num_rows
+        self.s_ids[:t].copy_(b.input_ids[:t])
+        self.s_ids[t:tb].zero_()
+        self.s_pos[:t].copy_(b.positions[:t])
+        self.s_pos[t:tb].zero_()
+        self.s_slots[:, :t].copy_(b.slot_mapping[:, :t])
+        self.s_slots[:, t:tb].zero_()
+        rows = self._rows(kind, tb)
+        if kind == "decode":  # one query per row; padding tokens are 1-token rows on block 0
+            self.s_qsl[: rows + 1].copy_(self.arange[: rows + 1])
+            self.s_seq[:r].copy_(b.seq_lens)
+            self.s_seq[r:rows].fill_(1)
+        else:  # mixed: padding tokens form row r, later rows are empty
+            self.s_qsl[: r + 1].copy_(b.query_start_loc)
+            self.s_qsl[r + 1: rows + 1].fill_(tb)
+            self.s_seq[:r].copy_(b.seq_lens)
+            self.s_seq[r:r + 1].fill_(tb - t)
+            self.s_seq[r + 1: rows].zero_()
+        for st, bt in zip(self.s_tables, b.block_tables):
+            _copy_table(st, bt[:r], rows)
+
+    def _cross_rows(self, b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """The selected token indices padded to ``n`` by repeating the last one, and, for each, its
+        attention row: ``seq_len`` (bottom-right aligned) and its request's block-table row."""
+        x, r = b.num_cross, b.num_rows
+        idx = b.cross_indices[:x].to(torch.int64)
+        if n > x:
+            idx = torch.cat([idx, idx[x - 1:].expand(n - x)])
+        ends = b.query_start_loc[1: r + 1].to(torch.int64)
+        rows = torch.searchsorted(ends, idx, right=True)
+        # token idx of row `row` sits at position seq_len - (q_end - idx)
+        seq = b.seq_lens.to(torch.int64)[rows] - ends[rows] + idx + 1
+        return idx, seq.to(torch.int32), [bt.index_select(0, rows) for bt in b.block_tables]
+
+    def _dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.device else t.to(self.device, non_blocking=True)
+
+    def _rows(self, kind: str, tb: int) -> int:
+        return tb if kind == "decode" else min(tb, self.cfg.max_num_seqs) + 1
+
+    # ---- metadata over the static buffers ---------------------------------------------------------------
+
+    def _self_meta(self, kind: str, tb: int) -> AttentionMetadata:
+        rows = self._rows(kind, tb)
+        return self._meta(self.s_qsl[: rows + 1], self.s_seq[:rows], self.s_pos[:tb],
+                          [t[:rows] for t in self.s_tables], self.s_slots[:, :tb],
+                          max_query_len=1 if kind == "decode" else 0)
+
+    def _cross_meta(self, xb: int) -> AttentionMetadata:
+        return self._meta(self.arange[: xb + 1], self.x_seq[:xb], self.x_pos[:xb],
+                          [t[:xb] for t in self.x_tables], None, max_query_len=1)
+
+    def _meta(self, qsl, seq, pos, tables, slots, *, max_query_len: int) -> AttentionMetadata:
+        if _has_static_metadata(self.backend):
+            from yoco_rs.kernels.backend import TritonAttentionMetadata
+
+            return TritonAttentionMetadata(
+                num_queries=int(pos.shape[0]), block_size=self.block_size, positions=pos,
+                query_start_loc=qsl, seq_lens=seq, block_tables=tables, windows=self.windows,
+                slot_mapping=slots, max_query_len=max_query_len, max_seq_len=0, num_covered=-1,
+            )
+        # a host-built backend (the torch reference): rebuilt from the buffers' current contents
+        return self.backend.build_metadata(
+            query_start_loc_cpu=qsl.cpu(), seq_lens_cpu=seq.cpu(), query_start_loc=qsl, seq_lens=seq,
+            positions=pos, block_tables=tables, slot_mapping=slots, windows=self.windows,
+            block_size=self.block_size, dtype=self.model.dtype,
+        )
+
+    # ---- the halves -------------------------------------------------------------------------------------
+
+    def _run_self(self, tb: int, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.self_decoder(self.s_ids[:tb], self.s_pos[:tb], self.kv_caches, self.backend, meta)
+
+    def _run_cross(self, xb: int, meta: AttentionMetadata, with_logits: bool) -> tuple[torch.Tensor, ...]:
+        h = self.model.cross_decoder(self.x_hidden[:xb], self.x_ple[:xb], self.x_pos[:xb], self.kv_caches,
+                                     self.backend, meta)
+        return (self.model.compute_logits(h),) if with_logits else (h,)
+
+    def _ensure_cross_inputs(self, hidden: torch.Tensor, ple: torch.Tensor) -> None:
+        if self.x_hidden is None:
+            n = self.x_idx.shape[0]
+            self.x_hidden = hidden.new_zeros((n, *hidden.shape[1:]))
+            self.x_ple = ple.new_zeros((n, *ple.shape[1:]))
+
+    def _prepared(self, table: dict, key: tuple[str, int], make_meta: Callable[[], AttentionMetadata]) -> _Graph:
+        """The graph (or, in replay mode, the metadata holder) of one half at one size."""
+        g = table.get(key)
+        if g is None:
+            if self.mode == "graphs":
+                raise RuntimeError(f"no CUDA graph captured for {key}; call capture() first")
+            g = table[key] = _Graph(meta=None)
+        if self.mode == "replay" and (g.meta is None or not _has_static_metadata(self.backend)):
+            g.meta = make_meta()  # torch backend: rebuilt per step from the static buffers
+        return g
+
+    # ---- one step ---------------------------------------------------------------------------------------
+
+    def forward(self, b: ForwardBatch) -> torch.Tensor:
+        """Logits ``[X, V]`` (float32) of the batch's cross rows; KV copies must already be applied."""
+        t, r, x = b.num_tokens, b.num_rows, b.num_cross
+        if r > self.cfg.max_num_seqs:
+            raise ValueError(f"batch has {r} rows but the graph runner was built for max_num_seqs={self.cfg.max_num_seqs}")
+        c = self.cfg
+        decode = t == r
+        tb = pick_bucket(t, c.decode_sizes if decode else c.token_sizes)
+        kind = "decode" if decode else "mixed"
+        if tb is None and decode:  # decode steps above the decode ladder may still fit a mixed graph
+            tb, kind = pick_bucket(t, c.token_sizes), "mixed"
+        st = self.stats
+        if tb is None:
+            hidden, ple, self_meta = self._eager_self(b)
+            st.self_kind, st.self_size = "eager", t
+        else:
+            self._fill_self(b, kind, tb)
+            g = self._prepared(self._self_graphs, (kind, tb), lambda: self._self_meta(kind, tb))
+            hidden, ple = self._replay(g, lambda: self._run_self(tb, g.meta))
+            self_meta = g.meta
+            st.self_kind, st.self_size = kind, tb
+        self._ensure_cross_inputs(hidden, ple)
+        st.padded_hidden, st.padded_logits = hidden, None
+        if x == 0:
+            st.cross_size, st.cross_graphed = 0, False
+            st.history.append((st.self_kind, st.self_size, 0))
+            return hidden.new_zeros((0, self.model.args.vocab_size), dtype=torch.float32)
+        if c.fast_prefill:
+            logits = self._cross_fast(b, hidden, ple)
+        else:
+            logits = self._cross_full(b, hidden, ple, tb if tb is not None else None, self_meta, kind)
+        st.history.append((st.self_kind, st.self_size, st.cross_size))
+        st.padded_logits = logits
+        return logits[:x]
+
+    def _cross_fast(self, b: ForwardBatch, hidden, ple) -> torch.Tensor:
+        x, st = b.num_cross, self.stats
+        xb = pick_bucket(x, self.cfg.cross_sizes)
+        n = xb if xb is not None else x
+        idx, seq, tables = self._cross_rows(b, n)  # on the batch's device (the CPU in the engine)
+        st.cross_size = n
+        if xb is None:  # above the cross ladder: eager on fresh tensors
+            st.cross_graphed = False
+            idx, seq, tables = self._dev(idx), self._dev(seq), [self._dev(t) for t in tables]
+            meta = self._meta(torch.arange(n + 1, dtype=torch.int32, device=self.device), seq,
+                              self._dev(b.positions).index_select(0, idx), tables, None, max_query_len=1)
+            h = self.model.cross_decoder(hidden.index_select(0, idx), ple.index_select(0, idx), meta.positions,
+                                         self.kv_caches, self.backend, meta)
+            return self.model.compute_logits(h)
+        self.x_idx[:n].copy_(idx)
+        self.x_seq[:n].copy_(seq)
+        for xt, t in zip(self.x_tables, tables):
+            _copy_table(xt, t, n)
+        idx = self.x_idx[:n]
+        torch.index_select(hidden, 0, idx, out=self.x_hidden[:n])
+        torch.index_select(ple, 0, idx, out=self.x_ple[:n])
+        torch.index_select(self._dev(b.positions), 0, idx, out=self.x_pos[:n])
+        st.cross_graphed = True
+        g = self._prepared(self._cross_graphs, ("fast", xb), lambda: self._cross_meta(xb))
+        return self._replay(g, lambda: self._run_cross(xb, g.meta, with_logits=True))[0]
+
+    def _cross_full(self, b: ForwardBatch, hidden, ple, tb, self_meta, kind) -> torch.Tensor:
+        """Fast prefill off: the cross half on all rows with the self half's metadata, then the head on
+        the selected rows."""
+        st = self.stats
+        meta = _without_slots(self_meta)
+        if tb is None:
+            t = b.num_tokens
+            h = self.model.cross_decoder(hidden, ple, meta.positions, self.kv_caches, self.backend, meta)
+            st.cross_graphed, st.cross_size = False, t
+        else:
+            self.x_hidden[:tb].copy_(hidden)
+            self.x_ple[:tb].copy_(ple)
+            self.x_pos[:tb].copy_(self.s_pos[:tb])
+            g = self._prepared(self._cross_graphs, ("full-" + kind, tb), lambda: meta)
+            if self.mode == "replay":
+                g.meta = meta
+            h = self._replay(g, lambda: self._run_cross(tb, g.meta, with_logits=False))[0]
+            st.cross_graphed, st.cross_size = True, tb
+        return self.model.compute_logits(h.index_select(0, self._dev(b.cross_indices[: b.num_cross]).to(torch.int64)))
+
+    def _eager_self(self, b: ForwardBatch):
+        """Above the largest capture size: the unpadded batch with per-step metadata (host copies)."""
+        t, d = b.num_tokens, self._dev
+        pos = d(b.positions[:t]).to(torch.int64)
+        meta = self.backend.build_metadata(
+            query_start_loc_cpu=b.query_start_loc.cpu(), seq_lens_cpu=b.seq_lens.cpu(),
+            query_start_loc=d(b.query_start_loc), seq_lens=d(b.seq_lens), positions=pos,
+            block_tables=[d(bt) for bt in b.block_tables], slot_mapping=d(b.slot_mapping[:, :t]).to(torch.int64),
+            windows=self.windows, block_size=self.block_size, dtype=self.model.dtype,
+        )
+        h, ple = self.model.self_decoder(d(b.input_ids[:t]), pos, self.kv_caches, self.backend, meta)
+        return h, ple, meta
+
+    def _replay(self, g: _Graph, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        if self.mode == "replay":
+            out = run()
+            return out if isinstance(out, tuple) else (out,)
+        g.graph.replay()
+        return g.outputs
+
+    # ---- capture ----------------------------------------------------------------------------------------
+
+    def capture(self, progress: bool = True) -> None:
+        """Captures every half at every size, largest first (smaller graphs reuse the shared memory
+        pool), logging the time and device memory it took."""
+        if self.mode != "graphs":
+            return
+        from tqdm import tqdm
+
+        c = self.cfg
+        jobs: list[tuple[str, str, int]] = [("self", "mixed", s) for s in c.token_sizes]
+        jobs += [("self", "decode", s) for s in c.decode_sizes]
+        if c.fast_prefill:
+            jobs += [("cross", "fast", s) for s in c.cross_sizes]
+        else:
+            jobs += [("cross", "full-mixed", s) for s in c.token_sizes]
+            jobs += [("cross", "full-decode", s) for s in c.decode_sizes]
+        jobs.sort(key=lambda j: -j[2])
+        torch.cuda.synchronize(self.device)
+        free0 = torch.cuda.mem_get_info(self.device)[0]
+        t0 = time.perf_counter()
+        self._pool = torch.cuda.graph_pool_handle()
+        self._dummy_inputs()
+        bar = tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
+        for half, kind, size in bar:
+            bar.set_postfix_str(f"{half} {kind} {size}")
+            if half == "self":
+                meta = self._self_meta(kind, size)
+                run = (lambda m=meta, s=size: self._run_self(s, m))
+                self._self_graphs[(kind, size)] = self._capture_one(meta, run)
+            else:
+                if kind == "fast":
+                    meta = self._cross_meta(size)
+                    run = (lambda m=meta, s=size: self._run_cross(s, m, with_logits=True))
+                else:
+                    meta = _without_slots(self._self_graphs[(kind[5:], size)].meta)
+                    run = (lambda m=meta, s=size: self._run_cross(s, m, with_logits=False))
+                self._cross_graphs[(kind, size)] = self._capture_one(meta, run)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - t0
+        self.capture_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
+        log.info("CUDA graphs: captured %d graphs in %.1f s using %.0f MiB of device memory",
+                 len(jobs), self.capture_seconds, self.capture_bytes / 2**20)
+
+    def _dummy_inputs(self) -> None:
+        """Capture-time contents: every token is padding (writes and reads only block 0)."""
+        for buf in (self.s_ids, self.s_pos, self.s_slots, self.s_seq, self.x_idx, self.x_pos):
+            buf.zero_()
+        for t in self.s_tables + self.x_tables:
+            t.zero_()
+        self.s_qsl.copy_(self.arange[: self.s_qsl.shape[0]])
+        self.s_seq.fill_(1)
+        self.x_seq.fill_(1)
+        h, ple = self._run_self(1, self._self_meta("decode", 1)) if self.cfg.decode_sizes else \
+            self._run_self(1, self._self_meta("mixed", 1))
+        self._ensure_cross_inputs(h, ple)
+
+    def _capture_one(self, meta: AttentionMetadata, run: Callable[[], Any]) -> _Graph:
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            for _ in range(2):  # warm-up: Triton JIT, cuBLAS workspaces
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = run()
+        return _Graph(meta=meta, graph=graph, outputs=out if isinstance(out, tuple) else (out,))
+
+
+def _copy_table(static: torch.Tensor, table: torch.Tensor, rows: int) -> None:
+    """``static[:rows]`` = ``table`` zero-extended (columns and rows): stale entries never survive."""
+    if table.shape[1] > static.shape[1]:
+        raise ValueError(f"block tables have {table.shape[1]} columns; the graph runner was built for "
+                         f"max_blocks_per_seq={static.shape[1]}")
+    static[:rows].zero_()
+    static[: table.shape[0], : table.shape[1]].copy_(table)
+
+
+def _has_static_metadata(backend: AttentionBackend) -> bool:
+    """Backends whose metadata is plain views of the inputs (safe to keep across steps and capture)."""
+    return getattr(backend, "name", "") == "triton"
+
+
+def _without_slots(meta: AttentionMetadata) -> AttentionMetadata:
+    import copy
+
+    m = copy.copy(meta)
+    m.slot_mapping = None
+    return m
