@@ -109,17 +109,19 @@ def eager_forward(model, kv_caches, backend, windows, block_size, b, *, fast_pre
 class Pair:
     """The eager executor path and the runner, in lock step on one plan, each with its own KV cache."""
 
-    def __init__(self, cfg: GraphConfig, backend=None, seed=0):
-        self.model = FakeSplitModel(seed=seed)
+    def __init__(self, cfg: GraphConfig, backend=None, seed=0, device="cpu", mode="replay"):
+        self.model = FakeSplitModel(seed=seed).to(device)
         self.backend = backend or get_backend("torch")
         self.ref_backend = get_backend("torch")
-        self.kv_eager = make_kv(WINDOWS, num_blocks=NUM_BLOCKS, block_size=BS)
-        self.kv_graph = make_kv(WINDOWS, num_blocks=NUM_BLOCKS, block_size=BS)
+        self.kv_eager = make_kv(WINDOWS, num_blocks=NUM_BLOCKS, block_size=BS, device=device)
+        self.kv_graph = make_kv(WINDOWS, num_blocks=NUM_BLOCKS, block_size=BS, device=device)
         self.cfg = cfg
         self.runner = CudaGraphRunner(self.model, self.kv_graph, self.backend, windows=WINDOWS, block_size=BS,
-                                      config=cfg, mode="replay")
+                                      config=cfg, mode=mode)
+        if mode == "graphs":
+            self.runner.capture(progress=False)
         self.planner = MiniPlanner(windows=WINDOWS, block_size=BS, num_blocks=NUM_BLOCKS,
-                                   max_blocks_per_seq=cfg.max_blocks_per_seq, seed=seed)
+                                   max_blocks_per_seq=cfg.max_blocks_per_seq, seed=seed, device=device)
 
     def step(self, rows, counts, pad_to=None):
         b = self.planner.batch(rows, counts, pad_to=pad_to)

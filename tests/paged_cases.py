@@ -14,6 +14,9 @@ if not torch.cuda.is_available():
     # Triton reads this when a kernel is decorated: it must be set before yoco_rs.kernels is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+"""Where kernel tests run: the GPU when there is one, else the CPU under Triton's interpreter."""
+
 
 @dataclass
 class PagedCase:
@@ -38,7 +41,7 @@ def make_case(
     extra_table_cols: int = 1,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
-    device: str = "cpu",
+    device: str = DEV,
 ) -> PagedCase:
     """``rows`` = [(context_len, query_len)]: each row already holds ``context_len`` tokens of KV and
     schedules ``query_len`` new ones (whose KV is in the cache too, as after this step's write)."""

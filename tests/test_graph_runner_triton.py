@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import random
 
-import paged_cases  # noqa: F401  (sets TRITON_INTERPRET before the kernels are imported)
+import pytest
 import torch
+from paged_cases import DEV  # sets TRITON_INTERPRET before the kernels are imported
 from graph_fakes import Pair
 from step_plans import Req
 
@@ -16,19 +17,21 @@ from yoco_rs.executor.cuda_graphs import GraphConfig
 from yoco_rs.kernels.backend import TritonAttentionBackend
 
 
-def _pair(fast_prefill=True):
+def _pair(fast_prefill=True, mode="replay"):
     cfg = GraphConfig(token_sizes=(4, 16), decode_sizes=(2, 4), cross_sizes=(2, 4), max_num_seqs=4,
                       max_blocks_per_seq=8, fast_prefill=fast_prefill)
-    return Pair(cfg, backend=TritonAttentionBackend())
+    return Pair(cfg, backend=TritonAttentionBackend(), device=DEV, mode=mode)
 
 
 def _req(rng, n, **kw):
     return Req(tokens=[rng.randrange(1, 61) for _ in range(n)], prompt_len=n, max_new=8, **kw)
 
 
-def test_static_metadata_is_reused_across_steps_of_every_kind():
+@pytest.mark.parametrize("mode", ["replay", pytest.param("graphs", marks=pytest.mark.skipif(
+    DEV != "cuda", reason="CUDA graph capture needs a GPU"))])
+def test_static_metadata_is_reused_across_steps_of_every_kind(mode):
     rng = random.Random(0)
-    p = _pair()
+    p = _pair(mode=mode)
     a, b, c = _req(rng, 7, prompt_logprobs=2), _req(rng, 3), _req(rng, 14)
     p.step([a, b], [7, 3])  # mixed, 10 -> 16; cross 3 + 1 rows -> 4 (prompt-logprob trailing rows)
     assert p.runner.stats.history[-1] == ("mixed", 16, 4)
@@ -43,11 +46,15 @@ def test_static_metadata_is_reused_across_steps_of_every_kind():
     metas = {k: id(g.meta) for k, g in p.runner._self_graphs.items()}
     p.step([a, b, c], [1, 1, 1])
     assert {k: id(g.meta) for k, g in p.runner._self_graphs.items()} == metas  # reused, not rebuilt
+    if mode == "graphs":
+        assert p.runner.capture_seconds > 0 and all(g.graph is not None for g in p.runner._self_graphs.values())
 
 
-def test_fast_prefill_off_with_static_metadata():
+@pytest.mark.parametrize("mode", ["replay", pytest.param("graphs", marks=pytest.mark.skipif(
+    DEV != "cuda", reason="CUDA graph capture needs a GPU"))])
+def test_fast_prefill_off_with_static_metadata(mode):
     rng = random.Random(1)
-    p = _pair(fast_prefill=False)
+    p = _pair(fast_prefill=False, mode=mode)
     a, b = _req(rng, 9), _req(rng, 2)
     p.step([a, b], [9, 2])
     p.step([a, b], [1, 1])

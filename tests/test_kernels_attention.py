@@ -7,13 +7,12 @@ import random
 
 import pytest
 import torch
-from paged_cases import make_case
+from paged_cases import DEV, make_case
 from paged_ref import ref_attention
 
 from yoco_rs.kernels.decode_attention import decode_attention
 from yoco_rs.kernels.paged_attention import paged_attention
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 

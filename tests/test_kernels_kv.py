@@ -3,15 +3,14 @@ Triton's interpreter on the CPU (real kernels on a GPU when one is present)."""
 
 from __future__ import annotations
 
-import paged_cases  # noqa: F401  (sets TRITON_INTERPRET before the kernels are imported)
 import pytest
 import torch
+from paged_cases import DEV  # sets TRITON_INTERPRET before the kernels are imported
 from paged_ref import ref_copy_kv, ref_write_kv
 
 from yoco_rs.kernels.kv_copy import copy_kv
 from yoco_rs.kernels.kv_write import write_kv
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _cache(num_blocks=6, block_size=4, hkv=2, d=8, layers=None, seed=0, dtype=torch.float32):
