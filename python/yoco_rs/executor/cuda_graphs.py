@@ -462,3 +462,56 @@ def _without_slots(meta: AttentionMetadata) -> AttentionMetadata:
     m = copy.copy(meta)
     m.slot_mapping = None
     return m
+
+
+class GraphedExecutor:
+    """An ``Executor`` whose forward runs through a :class:`CudaGraphRunner` (everything else delegates
+    to the wrapped executor). Build it after ``allocate_kv``; a new KV allocation needs a new wrapper.
+
+    ``execute(batch)`` = the executor's checks, KV copies (the Triton copy kernel when the backend has
+    one, no host sync), then the runner's padded halves; same return value as ``Executor.execute``:
+    float32 logits ``[num_cross, vocab]``, here a view valid until the next call."""
+
+    def __init__(self, executor, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 mode: str | None = None, backend: AttentionBackend | None = None,
+                 config: GraphConfig | None = None, max_capture_tokens: int = 512):
+        if not executor.kv_caches:
+            raise RuntimeError("allocate the KV cache (executor.allocate_kv) before building a GraphedExecutor")
+        dev = executor.device
+        mode = mode or ("graphs" if dev.type == "cuda" else "replay")
+        if backend is None:
+            backend = executor.backend
+            if mode == "graphs" and not _has_static_metadata(backend):
+                from yoco_rs.kernels.backend import TritonAttentionBackend
+
+                backend = TritonAttentionBackend()
+        bs = executor.block_size
+        self.config = config or GraphConfig.default(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_blocks_per_seq=-(-max_model_len // bs), fast_prefill=executor.kv_sharing_fast_prefill,
+            max_capture_tokens=max_capture_tokens)
+        self.executor = executor
+        self.runner = CudaGraphRunner(executor.model, executor.kv_caches, backend,
+                                      windows=[s.window for s in executor.kv_group_specs()], block_size=bs,
+                                      config=self.config, mode=mode, device=dev)
+
+    def capture(self, progress: bool = True) -> None:
+        with torch.inference_mode():
+            self.runner.capture(progress)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        ex = self.executor
+        ex._check(batch)
+        if batch.kv_copies.numel():
+            copy = getattr(self.runner.backend, "copy_kv", None)
+            if copy is not None:
+                copy(ex.kv_caches, self.runner._dev(batch.kv_copies).to(torch.int32))
+            else:
+                from yoco_rs.executor.kv_cache import apply_kv_copies
+
+                apply_kv_copies(ex.kv_caches, batch.kv_copies)
+        return self.runner.forward(batch)
+
+    def __getattr__(self, name: str):
+        return getattr(self.executor, name)
