@@ -22,16 +22,16 @@ from yoco_rs.kernels._common import f32_dots, interpreting, next_pow2
 from yoco_rs.kernels.paged_attention import _attend_tiles, check_attention_args
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "num_splits"])
 def _decode_attention_kernel(
     q_ptr, o_ptr, part_acc_ptr, part_ml_ptr,
     k_cache, v_cache, bt_ptr, qsl_ptr, seq_lens_ptr,
-    window, scale,
+    window, scale, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch, stride_bt,
     NUM_Q_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GQA: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, F32_DOTS: tl.constexpr,
+    SINGLE: tl.constexpr, F32_DOTS: tl.constexpr,
 ):
     r = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -45,7 +45,7 @@ def _decode_attention_kernel(
     if window > 0:
         k_lo = tl.maximum(q_pos - window + 1, 0)
     span = seq_len - k_lo
-    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
     s_lo = k_lo + split * per_split
     s_hi = tl.minimum(s_lo + per_split, seq_len)
 
@@ -71,7 +71,7 @@ def _decode_attention_kernel(
         stride_cb, stride_co, stride_ch, q_posv, row_valid, s_lo, s_hi, window, scale,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, F32_DOTS,
     )
-    if NUM_SPLITS == 1:
+    if SINGLE:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             o_ptr + q_tok64 * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -79,18 +79,17 @@ def _decode_attention_kernel(
         )
     else:
         # partials: acc [R, Hq, S, D] (unnormalised, fp32), (m, l) [R, Hq, S, 2]
-        part = (r.to(tl.int64) * NUM_Q_HEADS + head) * NUM_SPLITS + split
+        part = (r.to(tl.int64) * NUM_Q_HEADS + head) * num_splits + split
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=row_valid[:, None] & d_mask[None, :])
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_valid)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
-    o_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, stride_ot, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    o_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, stride_ot, stride_oh, num_splits,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -98,8 +97,8 @@ def _decode_reduce_kernel(
     if tl.load(qsl_ptr + r + 1) == q_tok:
         return
     offs_s = tl.arange(0, SPLITS_PAD)
-    s_mask = offs_s < NUM_SPLITS
-    part = (r.to(tl.int64) * NUM_Q_HEADS + h) * NUM_SPLITS + offs_s
+    s_mask = offs_s < num_splits
+    part = (r.to(tl.int64) * NUM_Q_HEADS + h) * num_splits + offs_s
     m = tl.load(part_ml_ptr + part * 2, mask=s_mask, other=float("-inf"))
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=s_mask, other=0.0)
     m_max = tl.max(m, 0)
@@ -115,6 +114,9 @@ def _decode_reduce_kernel(
              mask=d_mask)
 
 
+MAX_SPLITS = 32  # the merge kernel is compiled once for this many partial states
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -128,7 +130,7 @@ def choose_num_splits(num_rows: int, num_kv_heads: int, device: torch.device, ma
         splits = 2  # exercises the split + merge path in CPU tests
     else:
         splits = triton.cdiv(2 * _num_sms(device.index or 0), max(1, num_rows * num_kv_heads))
-    splits = max(1, min(splits, 32))
+    splits = max(1, min(splits, MAX_SPLITS))
     if max_seq_len > 0:
         splits = max(1, min(splits, triton.cdiv(max_seq_len, block_n)))
     return splits
@@ -163,6 +165,8 @@ def decode_attention(
     block_n = 16 if interpreting() else (64 if d <= 128 else 32)
     if num_splits is None:
         num_splits = choose_num_splits(r, hkv, q.device, max_seq_len, block_n)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits={num_splits}: must be in [1, {MAX_SPLITS}]")
     if num_splits > 1:
         part_acc = torch.empty((r, hq, num_splits, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((r, hq, num_splits, 2), dtype=torch.float32, device=q.device)
@@ -171,17 +175,16 @@ def decode_attention(
     kc, vc = kv_layer[0], kv_layer[1]
     _decode_attention_kernel[(r, hkv, num_splits)](
         q, out, part_acc, part_ml, kc, vc, block_table, query_start_loc, seq_lens,
-        int(window), float(scale),
+        int(window), float(scale), num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_table.stride(0),
         NUM_Q_HEADS=hq, BLOCK_SIZE=bs, GQA=g, BLOCK_H=block_h, BLOCK_N=block_n,
-        HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits, F32_DOTS=f32_dots(q.dtype),
+        HEAD_DIM=d, BLOCK_D=block_d, SINGLE=num_splits == 1, F32_DOTS=f32_dots(q.dtype),
         num_warps=4 if d <= 128 else 8,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(r, hq)](
-            out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-            SPLITS_PAD=max(2, next_pow2(num_splits)),
+            out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1), num_splits,
+            NUM_Q_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, SPLITS_PAD=MAX_SPLITS,
         )
     return out

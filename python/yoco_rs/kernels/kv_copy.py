@@ -16,7 +16,7 @@ import triton.language as tl
 from yoco_rs.kernels._common import check_same_device
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["group"])
 def _copy_kv_kernel(
     cache_ptr, ops_ptr, group,
     stride_layer, stride_kv, stride_block,

@@ -92,7 +92,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows", "window"])
 def _paged_attention_kernel(
     q_ptr, o_ptr, k_cache, v_cache, bt_ptr, qsl_ptr, seq_lens_ptr,
     num_rows, window, scale,
