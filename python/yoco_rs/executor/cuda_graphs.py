@@ -195,19 +195,6 @@ class CudaGraphRunner:
         for st, bt in zip(self.s_tables, b.block_tables):
             _copy_table(st, bt[:r], rows)
 
-    def _cross_rows(self, b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """The selected token indices padded to ``n`` by repeating the last one, and, for each, its
-        attention row: ``seq_len`` (bottom-right aligned) and its request's block-table row."""
-        x, r = b.num_cross, b.num_rows
-        idx = b.cross_indices[:x].to(torch.int64)
-        if n > x:
-            idx = torch.cat([idx, idx[x - 1:].expand(n - x)])
-        ends = b.query_start_loc[1: r + 1].to(torch.int64)
-        rows = torch.searchsorted(ends, idx, right=True)
-        # token idx of row `row` sits at position seq_len - (q_end - idx)
-        seq = b.seq_lens.to(torch.int64)[rows] - ends[rows] + idx + 1
-        return idx, seq.to(torch.int32), [bt.index_select(0, rows) for bt in b.block_tables]
-
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device == self.device else t.to(self.device, non_blocking=True)
 
@@ -310,7 +297,7 @@ class CudaGraphRunner:
         x, st = b.num_cross, self.stats
         xb = pick_bucket(x, self.cfg.cross_sizes)
         n = xb if xb is not None else x
-        idx, seq, tables = self._cross_rows(b, n)  # on the batch's device (the CPU in the engine)
+        idx, seq, tables = cross_attention_rows(b, n)  # on the batch's device (the CPU in the engine)
         st.cross_size = n
         if xb is None:  # above the cross ladder: eager on fresh tensors
             st.cross_graphed = False
@@ -440,6 +427,23 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=self._pool):
             out = run()
         return _Graph(meta=meta, graph=graph, outputs=out if isinstance(out, tuple) else (out,))
+
+
+def cross_attention_rows(b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The cross half as one attention row per selected token: the batch's ``cross_indices[:X]`` padded
+    to ``n`` by repeating the last one (int64), each row's ``seq_lens`` (int32; bottom-right aligned, so
+    a trailing token ``idx`` of a row ending at ``q_end`` sees ``seq_len - (q_end - 1 - idx)`` keys) and
+    per group its request's block-table row. Tensor ops only, on the batch's device: no host reads."""
+    x, r = b.num_cross, b.num_rows
+    if x == 0:
+        raise ValueError("no cross rows to lay out (num_cross == 0)")
+    idx = b.cross_indices[:x].to(torch.int64)
+    if n > x:
+        idx = torch.cat([idx, idx[x - 1:].expand(n - x)])
+    ends = b.query_start_loc[1: r + 1].to(torch.int64)
+    rows = torch.searchsorted(ends, idx, right=True)
+    seq = b.seq_lens.to(torch.int64)[rows] - ends[rows] + idx + 1
+    return idx, seq.to(torch.int32), [bt.index_select(0, rows) for bt in b.block_tables]
 
 
 def _copy_table(static: torch.Tensor, table: torch.Tensor, rows: int) -> None:
