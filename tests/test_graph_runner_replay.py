@@ -173,3 +173,21 @@ def test_bad_config_is_rejected_with_the_reason():
         _config(token_sizes=(4, 2))
     with pytest.raises(ValueError, match="max_num_seqs"):
         _config(decode_sizes=(1, 8))
+
+
+def test_static_tables_are_wide_enough_for_the_padding_row():
+    # a padding row of T_b - T tokens reads cdiv(T_b - T, block_size) columns, even with a short max_model_len
+    p = Pair(_config(max_blocks_per_seq=1))
+    assert p.runner.s_tables[0].shape[1] >= -(-24 // BS)
+
+
+def test_enforce_eager_and_cpu_executors_are_not_wrapped():
+    from gemma_random import TINY_10L, random_executor
+
+    from yoco_rs.executor.cuda_graphs import maybe_graphed
+
+    ex = random_executor(TINY_10L)
+    ex.allocate_kv(8, 4)
+    kw = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32)
+    assert maybe_graphed(ex, enforce_eager=True, **kw) is ex
+    assert maybe_graphed(ex, enforce_eager=False, **kw) is ex  # no CUDA here: eager

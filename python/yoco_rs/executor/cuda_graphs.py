@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -118,7 +119,8 @@ class RunStats:
     """The self half's output state over all its padded rows (tests check padding stays finite)."""
     padded_logits: torch.Tensor | None = None
     """The cross half's logits over all its padded rows (padding rows duplicate the last real row)."""
-    history: list[tuple[str, int, int]] = field(default_factory=list)
+    history: deque = field(default_factory=lambda: deque(maxlen=64))
+    """(self kind, self size, cross size) of the last steps."""
 
 
 class CudaGraphRunner:
@@ -158,17 +160,19 @@ class CudaGraphRunner:
             x_max = max(x_max, t_max)
         self.rows_max = max([min(t, c.max_num_seqs) + 1 for t in c.token_sizes] + list(c.decode_sizes) + [1])
         i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
+        # the padding row of a mixed graph spans cdiv(T_b - T, block_size) columns (all block 0)
+        width = max(c.max_blocks_per_seq, -(-t_max // self.block_size))
         self.s_ids = torch.zeros(t_max, **i64)
         self.s_pos = torch.zeros(t_max, **i64)
         self.s_slots = torch.zeros(g, t_max, **i64)
         self.s_qsl = torch.zeros(self.rows_max + 1, **i32)
         self.s_seq = torch.zeros(self.rows_max, **i32)
-        self.s_tables = [torch.zeros(self.rows_max, c.max_blocks_per_seq, **i32) for _ in range(g)]
+        self.s_tables = [torch.zeros(self.rows_max, width, **i32) for _ in range(g)]
         self.arange = torch.arange(max(t_max, x_max, self.rows_max) + 1, **i32)
         self.x_idx = torch.zeros(x_max, **i64)
         self.x_pos = torch.zeros(x_max, **i64)
         self.x_seq = torch.zeros(x_max, **i32)
-        self.x_tables = [torch.zeros(x_max, c.max_blocks_per_seq, **i32) for _ in range(g)]
+        self.x_tables = [torch.zeros(x_max, width, **i32) for _ in range(g)]
         self.x_hidden: torch.Tensor | None = None  # allocated on first use (shape from the model)
         self.x_ple: torch.Tensor | None = None
 
@@ -449,8 +453,8 @@ def cross_attention_rows(b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.T
 def _copy_table(static: torch.Tensor, table: torch.Tensor, rows: int) -> None:
     """``static[:rows]`` = ``table`` zero-extended (columns and rows): stale entries never survive."""
     if table.shape[1] > static.shape[1]:
-        raise ValueError(f"block tables have {table.shape[1]} columns; the graph runner was built for "
-                         f"max_blocks_per_seq={static.shape[1]}")
+        raise ValueError(f"block tables have {table.shape[1]} columns; the graph runner holds {static.shape[1]} "
+                         "(build it with max_model_len >= the engine's)")
     static[:rows].zero_()
     static[: table.shape[0], : table.shape[1]].copy_(table)
 
@@ -519,3 +523,15 @@ class GraphedExecutor:
 
     def __getattr__(self, name: str):
         return getattr(self.executor, name)
+
+
+def maybe_graphed(executor, *, enforce_eager: bool, max_num_seqs: int, max_num_batched_tokens: int,
+                  max_model_len: int, progress: bool = True):
+    """What the engine should drive: the executor itself with ``enforce_eager`` or off CUDA, else a
+    :class:`GraphedExecutor` with its graphs captured (after ``allocate_kv``)."""
+    if enforce_eager or executor.device.type != "cuda":
+        return executor
+    g = GraphedExecutor(executor, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        max_model_len=max_model_len, mode="graphs")
+    g.capture(progress=progress)
+    return g
