@@ -133,6 +133,8 @@ class Pair:
         if want.shape[0]:
             assert torch.equal(got.argmax(-1), want.argmax(-1))
         st = self.runner.stats
+        if st.self_kind != "eager":
+            check_self_layout(self.runner, st.self_kind, st.self_size)
         assert torch.isfinite(st.padded_hidden).all(), "padding rows of the self half went non-finite"
         if b.num_cross:
             pad = st.padded_logits[b.num_cross:]
@@ -144,3 +146,20 @@ class Pair:
         return b
 
 
+
+
+def check_self_layout(runner, kind: str, tb: int) -> None:
+    """The static self-half buffers describe a valid batch of exactly ``tb`` tokens: every query in one
+    row and none beyond ``tb`` (a kernel would read and write past ``q``), each row with at least as
+    many keys as queries, its key blocks inside its table row, every slot inside the cache."""
+    rows = runner._rows(kind, tb)
+    qsl = runner.s_qsl[: rows + 1].cpu().long()
+    seq = runner.s_seq[:rows].cpu().long()
+    qlen = qsl[1:] - qsl[:-1]
+    assert qsl[0] == 0 and (qlen >= 0).all() and qsl[-1] == tb, (kind, tb, qsl.tolist())
+    assert (seq >= qlen).all(), (kind, tb, seq.tolist(), qlen.tolist())
+    bs = runner.block_size
+    for st, kv in zip(runner.s_tables, runner.kv_caches):
+        assert ((seq + bs - 1) // bs <= st.shape[1]).all()
+        assert (st[:rows] >= 0).all() and (st[:rows] < kv.shape[2]).all()
+        assert (runner.s_slots[:, :tb] < kv.shape[2] * bs).all()

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from graph_fakes import BS, WINDOWS, FakeSplitModel, Pair, make_kv
+from graph_fakes import BS, WINDOWS, FakeSplitModel, Pair, check_self_layout, make_kv
 from step_plans import Req, schedule
 
 from yoco_rs.executor.attention import get_backend
@@ -191,3 +191,22 @@ def test_enforce_eager_and_cpu_executors_are_not_wrapped():
     kw = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32)
     assert maybe_graphed(ex, enforce_eager=True, **kw) is ex
     assert maybe_graphed(ex, enforce_eager=False, **kw) is ex  # no CUDA here: eager
+
+
+@pytest.mark.parametrize("fast_prefill", [True, False])
+def test_capture_layouts_are_valid_batches_and_the_rehearsal_runs_every_half(fast_prefill):
+    """What a graph is captured with must itself be a valid batch (a GPU kernel would otherwise read and
+    write out of bounds during capture); replay mode rehearses capture on the CPU."""
+    p = Pair(_config(fast_prefill=fast_prefill))
+    r = p.runner
+    for kind, sizes in (("mixed", r.cfg.token_sizes), ("decode", r.cfg.decode_sizes)):
+        for tb in sizes:
+            r._pad_self(kind, tb, 0, 0)
+            check_self_layout(r, kind, tb)
+    r.capture(progress=False)
+    n_cross = len(r.cfg.cross_sizes) if fast_prefill else len(r.cfg.token_sizes) + len(r.cfg.decode_sizes)
+    assert (len(r._self_graphs), len(r._cross_graphs)) == (len(r.cfg.token_sizes) + len(r.cfg.decode_sizes), n_cross)
+    rng = random.Random(9)
+    a, b = _req(rng, 6), _req(rng, 3)
+    p.step([a, b], [6, 3])  # after the rehearsal, real steps still match the eager path
+    p.step([a, b], [1, 1])

@@ -61,3 +61,13 @@ def test_fast_prefill_off_with_static_metadata(mode):
     p.step([a, b], [1, 1])
     assert p.runner.stats.history[-1] == ("decode", 2, 2)
     assert torch.isfinite(p.runner.stats.padded_hidden).all()
+
+
+def test_capture_rehearsal_with_the_triton_kernels():
+    """Every half at every size, on its capture layout, through the real kernels (interpreter on a CPU)."""
+    p = _pair()
+    p.runner.capture(progress=False)
+    rng = random.Random(2)
+    a = _req(rng, 5)
+    p.step([a], [5])
+    p.step([a], [1])

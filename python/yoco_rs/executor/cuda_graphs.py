@@ -180,24 +180,35 @@ class CudaGraphRunner:
         """Copies the batch's self-half inputs into the static buffers, padded to ``tb`` (device ops only)."""
         t, r = b.num_tokens, b.num_rows
         self.s_ids[:t].copy_(b.input_ids[:t])
-        self.s_ids[t:tb].zero_()
         self.s_pos[:t].copy_(b.positions[:t])
-        self.s_pos[t:tb].zero_()
         self.s_slots[:, :t].copy_(b.slot_mapping[:, :t])
-        self.s_slots[:, t:tb].zero_()
-        rows = self._rows(kind, tb)
-        if kind == "decode":  # one query per row; padding tokens are 1-token rows on block 0
-            self.s_qsl[: rows + 1].copy_(self.arange[: rows + 1])
-            self.s_seq[:r].copy_(b.seq_lens)
-            self.s_seq[r:rows].fill_(1)
-        else:  # mixed: padding tokens form row r, later rows are empty
+        self.s_seq[:r].copy_(b.seq_lens)
+        if kind == "mixed":
             self.s_qsl[: r + 1].copy_(b.query_start_loc)
-            self.s_qsl[r + 1: rows + 1].fill_(tb)
-            self.s_seq[:r].copy_(b.seq_lens)
-            self.s_seq[r:r + 1].fill_(tb - t)
-            self.s_seq[r + 1: rows].zero_()
+        rows = self._rows(kind, tb)
         for st, bt in zip(self.s_tables, b.block_tables):
             _copy_table(st, bt[:r], rows)
+        self._pad_self(kind, tb, t, r)
+
+    def _pad_self(self, kind: str, tb: int, t: int, r: int) -> None:
+        """Padding of tokens ``t..tb`` and rows ``r..``: id 0, position 0, slot 0 of block 0; a decode
+        graph gets one 1-token row per padding token, a mixed graph one row holding all of them. With
+        ``t = r = 0`` this is the all-padding layout a graph is captured with."""
+        rows = self._rows(kind, tb)
+        self.s_ids[t:tb].zero_()
+        self.s_pos[t:tb].zero_()
+        self.s_slots[:, t:tb].zero_()
+        if kind == "decode":
+            self.s_qsl[: rows + 1].copy_(self.arange[: rows + 1])
+            self.s_seq[r:rows].fill_(1)
+        else:
+            if r == 0:
+                self.s_qsl[:1].zero_()
+            self.s_qsl[r + 1: rows + 1].fill_(tb)
+            self.s_seq[r:r + 1].fill_(tb - t)
+            self.s_seq[r + 1: rows].zero_()
+        for st in self.s_tables:
+            st[r:rows].zero_()
 
     def _dev(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device == self.device else t.to(self.device, non_blocking=True)
@@ -367,9 +378,8 @@ class CudaGraphRunner:
 
     def capture(self, progress: bool = True) -> None:
         """Captures every half at every size, largest first (smaller graphs reuse the shared memory
-        pool), logging the time and device memory it took."""
-        if self.mode != "graphs":
-            return
+        pool), logging the time and device memory it took. In replay mode this is a rehearsal: each
+        half runs once at each size on the all-padding layout it would be captured with."""
         from tqdm import tqdm
 
         c = self.cfg
@@ -381,18 +391,22 @@ class CudaGraphRunner:
             jobs += [("cross", "full-mixed", s) for s in c.token_sizes]
             jobs += [("cross", "full-decode", s) for s in c.decode_sizes]
         jobs.sort(key=lambda j: -j[2])
-        torch.cuda.synchronize(self.device)
-        free0 = torch.cuda.mem_get_info(self.device)[0]
+        graphs = self.mode == "graphs"
+        if graphs:
+            torch.cuda.synchronize(self.device)
+            free0 = torch.cuda.mem_get_info(self.device)[0]
+            self._pool = torch.cuda.graph_pool_handle()
         t0 = time.perf_counter()
-        self._pool = torch.cuda.graph_pool_handle()
         self._dummy_inputs()
         bar = tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
         for half, kind, size in bar:
             bar.set_postfix_str(f"{half} {kind} {size}")
+            if half == "self" or kind.startswith("full-"):
+                self._pad_self(kind.removeprefix("full-"), size, 0, 0)
             if half == "self":
                 meta = self._self_meta(kind, size)
                 run = (lambda m=meta, s=size: self._run_self(s, m))
-                self._self_graphs[(kind, size)] = self._capture_one(meta, run)
+                self._self_graphs[(kind, size)] = self._capture_one(meta, run) if graphs else self._rehearse(meta, run)
             else:
                 if kind == "fast":
                     meta = self._cross_meta(size)
@@ -400,25 +414,31 @@ class CudaGraphRunner:
                 else:
                     meta = _without_slots(self._self_graphs[(kind[5:], size)].meta)
                     run = (lambda m=meta, s=size: self._run_cross(s, m, with_logits=False))
-                self._cross_graphs[(kind, size)] = self._capture_one(meta, run)
-        torch.cuda.synchronize(self.device)
+                self._cross_graphs[(kind, size)] = self._capture_one(meta, run) if graphs else self._rehearse(meta, run)
+        if graphs:
+            torch.cuda.synchronize(self.device)
+            self.capture_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
         self.capture_seconds = time.perf_counter() - t0
-        self.capture_bytes = free0 - torch.cuda.mem_get_info(self.device)[0]
-        log.info("CUDA graphs: captured %d graphs in %.1f s using %.0f MiB of device memory",
-                 len(jobs), self.capture_seconds, self.capture_bytes / 2**20)
+        log.info("CUDA graphs: %s %d graphs in %.1f s using %.0f MiB of device memory",
+                 "captured" if graphs else "rehearsed (replay mode)", len(jobs), self.capture_seconds,
+                 self.capture_bytes / 2**20)
 
     def _dummy_inputs(self) -> None:
-        """Capture-time contents: every token is padding (writes and reads only block 0)."""
-        for buf in (self.s_ids, self.s_pos, self.s_slots, self.s_seq, self.x_idx, self.x_pos):
-            buf.zero_()
-        for t in self.s_tables + self.x_tables:
-            t.zero_()
-        self.s_qsl.copy_(self.arange[: self.s_qsl.shape[0]])
-        self.s_seq.fill_(1)
+        """Capture-time contents: every token is padding (writes and reads only block 0); one eager run
+        of the self half at size 1 gives the cross inputs' shapes."""
+        self.x_idx.zero_()
+        self.x_pos.zero_()
         self.x_seq.fill_(1)
-        h, ple = self._run_self(1, self._self_meta("decode", 1)) if self.cfg.decode_sizes else \
-            self._run_self(1, self._self_meta("mixed", 1))
+        for t in self.x_tables:
+            t.zero_()
+        kind = "decode" if self.cfg.decode_sizes else "mixed"
+        self._pad_self(kind, 1, 0, 0)
+        h, ple = self._run_self(1, self._self_meta(kind, 1))
         self._ensure_cross_inputs(h, ple)
+
+    def _rehearse(self, meta: AttentionMetadata, run: Callable[[], Any]) -> _Graph:
+        run()
+        return _Graph(meta=meta)
 
     def _capture_one(self, meta: AttentionMetadata, run: Callable[[], Any]) -> _Graph:
         s = torch.cuda.Stream(self.device)
