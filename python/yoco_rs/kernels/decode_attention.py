@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from yoco_rs.kernels._common import f32_dots, interpreting, next_pow2
-from yoco_rs.kernels.paged_attention import _attend_tiles, check_attention_args
+from yoco_rs.kernels.paged_attention import _attend_tiles, check_attention_args, num_stages
 
 
 @triton.jit(do_not_specialize=["window", "num_splits"])
@@ -31,7 +31,7 @@ def _decode_attention_kernel(
     stride_cb, stride_co, stride_ch, stride_bt,
     NUM_Q_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GQA: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    SINGLE: tl.constexpr, F32_DOTS: tl.constexpr,
+    SINGLE: tl.constexpr, F32_DOTS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
     r = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -69,7 +69,7 @@ def _decode_attention_kernel(
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache, v_cache, bt_ptr + r.to(tl.int64) * stride_bt, kvh,
         stride_cb, stride_co, stride_ch, q_posv, row_valid, s_lo, s_hi, window, scale,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, F32_DOTS,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, F32_DOTS, NUM_STAGES,
     )
     if SINGLE:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -180,6 +180,7 @@ def decode_attention(
         kc.stride(0), kc.stride(1), kc.stride(2), block_table.stride(0),
         NUM_Q_HEADS=hq, BLOCK_SIZE=bs, GQA=g, BLOCK_H=block_h, BLOCK_N=block_n,
         HEAD_DIM=d, BLOCK_D=block_d, SINGLE=num_splits == 1, F32_DOTS=f32_dots(q.dtype),
+        NUM_STAGES=num_stages(q.device, decode=True),
         num_warps=4 if d <= 128 else 8,
     )
     if num_splits > 1:

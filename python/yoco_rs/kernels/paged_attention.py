@@ -53,14 +53,20 @@ def _attend_tiles(
     stride_cb, stride_co, stride_ch,
     q_pos, row_valid, k_lo, k_hi, window, scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    F32_DOTS: tl.constexpr,
+    F32_DOTS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """Online-softmax accumulation over keys ``[k_lo, k_hi)`` (shared by both attention kernels)."""
+    """Online-softmax accumulation over keys ``[k_lo, k_hi)`` (shared by both attention kernels). The
+    loop is software-pipelined explicitly (``tl.range(num_stages=...)``): the block-table entries, K
+    and V of the next tiles are copied asynchronously while this tile computes; a launch-level
+    ``num_stages`` does not reach this loop."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    # keys visible from a query: (q_pos - window, q_pos]; the lower bound is hoisted out of the loop
+    # (no branch inside it, so Triton can software-pipeline the K/V loads)
+    min_key = tl.where(window > 0, q_pos - window, -1)
     start = (k_lo // BLOCK_N) * BLOCK_N
-    for kb in range(start, k_hi, BLOCK_N):
+    for kb in tl.range(start, k_hi, BLOCK_N, num_stages=NUM_STAGES):
         kpos = kb + offs_n
         k_valid = (kpos >= k_lo) & (kpos < k_hi)
         blk = tl.load(bt_row_ptr + kpos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
@@ -75,9 +81,8 @@ def _attend_tiles(
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * scale
-        visible = row_valid[:, None] & k_valid[None, :] & (kpos[None, :] <= q_pos[:, None])
-        if window > 0:
-            visible = visible & (kpos[None, :] > q_pos[:, None] - window)
+        visible = row_valid[:, None] & k_valid[None, :] & (kpos[None, :] <= q_pos[:, None]) \
+            & (kpos[None, :] > min_key[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -100,6 +105,7 @@ def _paged_attention_kernel(
     stride_cb, stride_co, stride_ch, stride_bt,
     BLOCK_SIZE: tl.constexpr, GQA: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOTS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -140,7 +146,7 @@ def _paged_attention_kernel(
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, k_cache, v_cache, bt_ptr + r.to(tl.int64) * stride_bt, kvh,
         stride_cb, stride_co, stride_ch, q_pos, row_valid, k_lo, k_hi, window, scale,
-        BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, F32_DOTS,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, F32_DOTS, NUM_STAGES,
     )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -157,6 +163,16 @@ def _tiles(g_pad: int, d: int, dtype: torch.dtype) -> tuple[int, int, int]:
     block_n = 16 if interpreting() else (64 if d <= 64 else 32)
     warps = 4 if d <= 128 else 8
     return block_q, block_n, warps
+
+
+def num_stages(device: torch.device, decode: bool = False) -> int:
+    """Depth of the K/V prefetch pipeline. Triton prefetches K/V tiles into registers (block-table
+    entries by async copy), so deeper pipelines cost registers: compiled for sm_90 at head_dim 256,
+    3 stages make the 8-warp varlen kernel spill (2 do not), the decode kernel takes 3 without spilling
+    (``kernels/compile_check.py`` prints the resources)."""
+    if decode and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        return 3
+    return 2
 
 
 def check_attention_args(q, kv_layer, block_table, query_start_loc, seq_lens):
@@ -206,6 +222,7 @@ def paged_attention(
     g = hq // hkv
     g_pad = next_pow2(g)
     block_q, block_n, warps = _tiles(g_pad, d, q.dtype)
+    stages = num_stages(q.device)
     block_d = max(16, next_pow2(d))
     grid = (triton.cdiv(t, block_q) + r, hkv)
     kc, vc = kv_layer[0], kv_layer[1]
@@ -215,6 +232,6 @@ def paged_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), block_table.stride(0),
         BLOCK_SIZE=bs, GQA=g, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
-        HEAD_DIM=d, BLOCK_D=block_d, F32_DOTS=f32_dots(q.dtype), num_warps=warps,
+        HEAD_DIM=d, BLOCK_D=block_d, F32_DOTS=f32_dots(q.dtype), NUM_STAGES=stages, num_warps=warps,
     )
     return out
