@@ -210,3 +210,16 @@ def test_capture_layouts_are_valid_batches_and_the_rehearsal_runs_every_half(fas
     a, b = _req(rng, 6), _req(rng, 3)
     p.step([a, b], [6, 3])  # after the rehearsal, real steps still match the eager path
     p.step([a, b], [1, 1])
+
+
+def test_the_cores_flat_slot_mapping_is_accepted():
+    import dataclasses
+
+    rng = random.Random(11)
+    p = Pair(_config())
+    a, b = _req(rng, 5), _req(rng, 2)
+    batch = p.planner.batch([a, b], [5, 2])
+    want = p.runner.forward(batch).clone()
+    p.kv_graph[0].zero_(), p.kv_graph[1].zero_()
+    flat = dataclasses.replace(batch, slot_mapping=batch.slot_mapping.reshape(-1))
+    assert torch.equal(p.runner.forward(flat), want)

@@ -39,6 +39,7 @@ padded execution equals unpadded). ``enforce_eager`` in the executor bypasses th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from bisect import bisect_left
@@ -276,6 +277,8 @@ class CudaGraphRunner:
     def forward(self, b: ForwardBatch) -> torch.Tensor:
         """Logits ``[X, V]`` (float32) of the batch's cross rows; KV copies must already be applied."""
         t, r, x = b.num_tokens, b.num_rows, b.num_cross
+        if b.slot_mapping.dim() == 1:  # the core's flat group-major [G * T_pad]
+            b = dataclasses.replace(b, slot_mapping=b.slot_mapping.view(len(self.kv_caches), -1))
         if r > self.cfg.max_num_seqs:
             raise ValueError(f"batch has {r} rows but the graph runner was built for max_num_seqs={self.cfg.max_num_seqs}")
         c = self.cfg
@@ -530,7 +533,9 @@ class GraphedExecutor:
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         ex = self.executor
-        ex._check(batch)
+        slots = ex._check(batch)  # validated; [G, T_pad] even when the core passed its flat array
+        if slots is not None and slots is not batch.slot_mapping:
+            batch = dataclasses.replace(batch, slot_mapping=slots)
         if batch.kv_copies.numel():
             copy = getattr(self.runner.backend, "copy_kv", None)
             if copy is not None:
