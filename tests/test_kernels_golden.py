@@ -35,9 +35,18 @@ def _kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def test_kv_write_through_slot_mapping_matches_golden():
     g = _load("paged_attention")
-    kv = _kv(g["k_cache_before"], g["v_cache_before"])
-    write_kv(kv, g["key"], g["value"], g["slot_mapping"].to(torch.int64))
-    assert torch.equal(kv, _kv(g["k_cache"], g["v_cache"]))  # padding tokens included: into block 0
+    want = _kv(g["k_cache"], g["v_cache"])  # the reference's cache after this step's write
+    kv = torch.full_like(want, float("nan"))
+    slots = g["slot_mapping"].to(torch.int64)
+    write_kv(kv, g["key"], g["value"], slots)
+    bs = kv.shape[2]
+    written = torch.zeros(kv.shape[1] * bs, dtype=torch.bool, device=kv.device)
+    written[slots] = True
+    written = written.view(kv.shape[1], bs)
+    # every slot of slot_mapping (padding tokens included: block 0) holds what the reference wrote there,
+    # and nothing else was touched
+    assert torch.equal(kv[:, written], want[:, written])
+    assert torch.isnan(kv[:, ~written]).all()
 
 
 @pytest.mark.parametrize("window_idx", [0, 1, 2])
