@@ -236,7 +236,15 @@ fn run_steps(
         if plan.num_rows() == 0 {
             idle_steps += 1;
             if idle_steps > 3 && arrivals.is_empty() {
-                bail!("workload {}: the scheduler plans nothing for {idle_steps} steps with {} requests unfinished", w.seed, sched.num_unfinished());
+                let st = sched.stats();
+                bail!(
+                    "workload {}: the scheduler plans nothing for {idle_steps} steps with {} requests unfinished ({} running, {} waiting){}",
+                    w.seed,
+                    sched.num_unfinished(),
+                    st.num_running,
+                    st.num_waiting,
+                    if st.num_running == 0 { "; admission stalls with nothing running" } else { "" }
+                );
             }
             continue;
         }

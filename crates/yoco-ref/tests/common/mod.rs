@@ -1,10 +1,10 @@
 //! Shared by the property and mutation tests.
 #![allow(dead_code)]
 
-use yoco_core::kv::LayerKind;
-use yoco_core::sched::StepPlan;
-use yoco_ref::driver::RunReport;
-use yoco_ref::workload::Workload;
+use yoco_core::kv::{HashExtras, KvConfig, LayerKind};
+use yoco_core::sched::{NewRequest, Policy, SchedulerConfig, StepPlan};
+use yoco_ref::driver::{run_oracle, DriverOptions, RunReport};
+use yoco_ref::workload::{Arrival, Workload};
 
 /// `YOCO_REF_<NAME>` overrides a workload count (e.g. `YOCO_REF_ORACLE_WORKLOADS=100000`).
 pub fn count(name: &str, default: u64) -> u64 {
@@ -131,4 +131,52 @@ pub fn once(mut m: impl FnMut(&mut StepPlan) -> bool) -> impl FnMut(&mut StepPla
 /// Applies `m` at every opportunity.
 pub fn every(m: impl FnMut(&mut StepPlan) -> bool) -> impl FnMut(&mut StepPlan) -> bool {
     m
+}
+
+/// The scheduler bug `scheduler_findings::prefix_hit_whose_copy_cannot_fit_still_admits` pins: a
+/// 3-block pool, A computes 40 tokens and finishes; B shares 36 of them, a hit of 2 full blocks and
+/// one sub-block whose copy would need a 4th block. B alone fits (3 blocks) without the hit.
+pub fn unfittable_hit_workload() -> Workload {
+    let a: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 64).collect();
+    let mut b = a[..36].to_vec();
+    b.extend([60, 61, 62, 63]);
+    let kv = KvConfig {
+        block_size: 16,
+        sub_block_size: 4,
+        num_blocks: vec![4],
+        enable_prefix_caching: true,
+        enable_events: false,
+        hash_seed: None,
+        max_num_batched_tokens: 64,
+    };
+    let sched = SchedulerConfig {
+        layers: vec![LayerKind::Full],
+        kv,
+        max_num_seqs: 2,
+        max_num_batched_tokens: 64,
+        max_model_len: 48,
+        long_prefill_token_threshold: 0,
+        policy: Policy::Fcfs,
+        max_admission_skips: 16,
+        token_capture_sizes: vec![],
+        cross_capture_sizes: vec![],
+    };
+    let req = |id: u64, prompt: Vec<u32>| NewRequest { id, prompt, max_tokens: 2, hash_extras: HashExtras::default(), ..Default::default() };
+    Workload {
+        seed: 1,
+        sched,
+        vocab: 64,
+        arrivals: vec![Arrival { step: 0, req: req(0, a) }, Arrival { step: 5, req: req(1, b) }],
+        abort_chance: 0.0,
+        follow_up_chance: 0.0,
+        max_follow_ups: 0,
+    }
+}
+
+/// Splits random-workload failures into ones to report and ones explained by the known,
+/// still-unfixed admission stall (a prefix hit whose copy cannot fit blocks admission on an empty
+/// pool). Self-expiring: once the scheduler admits `unfittable_hit_workload`, every stall counts.
+pub fn split_known_failures(failures: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let bug_present = run_oracle(&unfittable_hit_workload(), &DriverOptions::default(), None).is_err();
+    failures.into_iter().partition(|f| !(bug_present && f.contains("admission stalls with nothing running")))
 }
