@@ -78,3 +78,30 @@ def test_graphed_gemma_with_the_triton_backend():
 @pytest.mark.heavy
 def test_graphed_gemma_at_e2b_depth():
     _run(TINY_E2B_DEPTH, steps=30 if heavy() else 6, seed=3)
+
+
+@pytest.mark.parametrize("triton", [False, True])
+def test_graphed_executor_applies_kv_copies_before_the_forward(triton):
+    """Copy-on-match ops of a step land before its forward, as in ``Executor.execute`` (the Triton copy
+    kernel when the backend has one, else the executor's ``apply_kv_copies``)."""
+    import dataclasses
+
+    from yoco_rs.executor.kv_cache import apply_kv_copies
+    from yoco_rs.kernels.backend import TritonAttentionBackend
+
+    ex = random_executor(TINY_10L, device=DEV, backend=TritonAttentionBackend() if triton else None)
+    ex.allocate_kv(16, BS)
+    for kv in ex.kv_caches:
+        kv.copy_(torch.randn(kv.shape, generator=torch.Generator().manual_seed(0)).to(kv.device))
+    graphed = GraphedExecutor(ex, max_num_seqs=MAX_SEQS, max_num_batched_tokens=64, max_model_len=128,
+                              mode="replay", config=GraphConfig(**CFG))
+    planner = MiniPlanner(windows=[s.window for s in ex.kv_group_specs()], block_size=BS, num_blocks=10,  # never 12, 13
+                          max_blocks_per_seq=16, device=DEV)
+    req = Req([5, 6, 7], 3)
+    b = planner.batch([req], [3])
+    ops = torch.tensor([[0, 9, 12, 5], [1, 10, 13, 8]], dtype=torch.int32)
+    want = [kv.clone() for kv in ex.kv_caches]
+    apply_kv_copies(want, ops)
+    graphed.execute(dataclasses.replace(b, kv_copies=ops.to(DEV)))
+    for g, (got, w) in enumerate(zip(ex.kv_caches, want)):
+        assert torch.equal(got[:, :, 12:14], w[:, :, 12:14]), f"group {g}: copy destinations differ"
