@@ -9,8 +9,9 @@ issue #38834), which wastes most of its work; here each half picks its own bucke
 A step (``forward``) goes:
 
 1. **Self half.** Bucket ``T_b`` = the smallest captured size >= T (eager above the largest). The step's
-   metadata is copied into static buffers by device-side ops only (host ints T, R, X come from shapes
-   and the batch, never from tensor values), padding as follows:
+   metadata (computed by the core on the CPU) is copied into static buffers; the only host values read
+   are T, R and X (batch fields and shapes), never tensor contents, and the captured region never
+   syncs. Padding (the core's own padding past T is ignored and redone here):
    * tokens ``T..T_b``: id 0, position 0, slot 0 of the reserved block 0 (in every group);
    * *mixed* steps (some row has > 1 query): the padding tokens form one extra row with
      ``seq_len = T_b - T`` and an all-zero block table, so every query belongs to a row and reads
@@ -23,7 +24,8 @@ A step (``forward``) goes:
 3. **Cross half.** Bucket ``X_b`` >= X from the cross ladder; ``cross_indices[X..X_b]`` repeat the last
    real index. Every cross row becomes a 1-query attention row of its own: ``seq_len = position + 1``
    (bottom-right causal: the key range of a trailing query of its request) and its request's block-table
-   row, found on the device with ``searchsorted`` over ``query_start_loc``. Padding rows are exact
+   row, found with ``searchsorted`` over ``query_start_loc`` (:func:`cross_attention_rows`, on the
+   batch's device: the CPU in the engine). Padding rows are exact
    duplicates of the last real row, and even prompt-logprob steps (several trailing rows per request)
    fit the decode kernel. The graph ends with the logits head, on ``X_b`` rows only.
 4. Logits ``[:X]`` are returned (a view into graph memory, valid until the next ``forward``).
@@ -31,10 +33,16 @@ A step (``forward``) goes:
 With fast prefill off, the cross half runs on all ``T_b`` rows with the self half's metadata (the
 "full" graphs) and the head runs eagerly on the selected rows.
 
+Each graph is captured on its own all-padding layout (the ``T = R = 0`` case of the padding above), a
+valid batch of exactly its size, so warm-up and capture never index past their buffers. Capture runs
+largest first in one memory pool, with a progress bar; time and memory are logged.
+
 Modes: ``"graphs"`` captures and replays CUDA graphs (needs CUDA and a backend whose metadata can live
 in static buffers: Triton); ``"replay"`` runs exactly the same bucket choice, padding, static buffer
 reuse and scatter-back *without* capture, on any device and backend (the CPU tests use it to show that
-padded execution equals unpadded). ``enforce_eager`` in the executor bypasses this module.
+padded execution equals unpadded), and its ``capture()`` rehearses every graph's capture-time run.
+:class:`GraphedExecutor` wraps an ``Executor``; :func:`maybe_graphed` is the engine's entry point
+(``enforce_eager`` returns the plain executor).
 """
 
 from __future__ import annotations
