@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from paged_cases import DEV, make_case
+from paged_cases import make_case  # also sets TRITON_INTERPRET before the kernels are imported
 from paged_ref import ref_attention
 
 from yoco_rs.kernels.decode_attention import decode_attention
