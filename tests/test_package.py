@@ -24,3 +24,17 @@ def test_every_stub_name_exists_in_the_extension():
     assert names, "stub is empty"
     missing = sorted(n for n in names if not hasattr(_core, n))
     assert not missing, f"in _core.pyi but not in the extension: {missing}"
+
+
+def test_executor_imports_without_the_compiled_core(tmp_path):
+    """The GPU check runs from a plain checkout (PYTHONPATH=python) where ``_core`` is not built."""
+    import shutil
+    import subprocess
+    import sys
+
+    pkg = pathlib.Path(yoco_rs.__file__).parent
+    shutil.copytree(pkg, tmp_path / "yoco_rs", ignore=shutil.ignore_patterns("_core*.so", "__pycache__"))
+    code = ("import yoco_rs, yoco_rs.executor.cuda_graphs, yoco_rs.kernels.backend, yoco_rs.executor.executor; "
+            "import sys; assert 'yoco_rs._core' not in sys.modules; "
+            f"assert yoco_rs.__file__.startswith({str(tmp_path)!r}), yoco_rs.__file__")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env={"PYTHONPATH": str(tmp_path)})
