@@ -61,6 +61,7 @@ class Engine:
         self.kv_capacity_tokens: int = rt.kv_capacity_tokens
         self._sched = rt.scheduler
         self._exec = rt.executor
+        self._runner = rt.runner
         self._sampler = rt.sampler
         self._text = rt.text
         self._tok = rt.tokenizer
@@ -287,7 +288,7 @@ class Engine:
         now = time.monotonic()
         self._admit(plan, now)
         rows = plan.req_rows[plan.sample_rows]
-        logits = self._exec.execute(self._forward_batch(plan))
+        logits = self._runner.execute(self._forward_batch(plan))
         so = self._sampler.sample(logits, plan.logits_cross_pos, rows)
         if self._plp:
             self._prompt_logprobs(plan, logits)
@@ -559,6 +560,7 @@ class Engine:
         self.abort_request(list(self._requests))
         self._pending_outputs.clear()
         self._closed = True
+        self._runner = None  # captured graphs hold the KV tensors
         self._exec.kv_caches = []
 
     def __enter__(self) -> "Engine":

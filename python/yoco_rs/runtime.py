@@ -30,6 +30,9 @@ class Runtime:
     model_name: str
     tokenizer: Tokenizer
     executor: object
+    """The eager :class:`~yoco_rs.executor.Executor` (weights, KV caches, model description)."""
+    runner: object
+    """What each step calls ``execute`` on: the executor itself, or its CUDA-graph runner on a GPU."""
     scheduler: "_core.Scheduler"
     sampler: Sampler
     text: "_core.TextBatch"
@@ -75,8 +78,12 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     dtype = None if cfg.dtype == "auto" else cfg.dtype
     if cfg.dtype == "float16" and not cuda:
         raise ValueError("dtype='float16' is not supported on the CPU; use float32 (or bfloat16)")
+    from yoco_rs.kernels.backend import select_backend
+
+    # Triton kernels on CUDA, the torch reference elsewhere (YOCO_ATTENTION_BACKEND overrides).
     executor = Executor.from_pretrained(model_dir, dtype=dtype, device=device,
-                                        kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress)
+                                        kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
+                                        attn_backend=select_backend(device))
     args = executor.args
 
     block_size = cfg.block_size or (64 if cuda else 16)
@@ -122,6 +129,12 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
                 "(or raise kv_cache_memory / num_gpu_blocks_override)")
 
     executor.allocate_kv(num_blocks, block_size)
+    from yoco_rs.executor.cuda_graphs import maybe_graphed
+
+    # On CUDA, each half is captured in its own graphs (after the KV exists); enforce_eager or a CPU
+    # device gives the eager executor back unchanged.
+    runner = maybe_graphed(executor, enforce_eager=cfg.enforce_eager, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=mnbt, max_model_len=max_model_len, progress=progress)
     scheduler = _core.Scheduler(
         executor.layer_kinds(), num_blocks=num_blocks, block_size=block_size, sub_block_size=sub_block,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, max_model_len=max_model_len,
@@ -138,7 +151,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
-    return Runtime(resolved, model_dir, name, tokenizer, executor, scheduler, sampler, text, int(args.vocab_size),
+    return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
                    num_blocks, capacity)
 
 
