@@ -31,20 +31,23 @@ def test_a_step_over_many_requests_streams_each_ones_text(tok):
         for k, d in zip(didx.tolist(), deltas):
             got[live[k]] += d
     assert got == texts
-    assert [tb.take(i) for i in range(3)] == texts and len(tb) == 0
+    assert [tb.take(i)[0] for i in range(3)] == texts and len(tb) == 0
 
 
 def test_stop_string_reports_position_and_which(tok):
     tb = _core.TextBatch(TOK_JSON)
     ids = tok.encode("alpha beta gamma delta", add_special_tokens=False)
     tb.add(5, [], stop=["zzz", "gamma"], stream=False)
+    ids_so_far = []
     for k, t in enumerate(ids):
+        ids_so_far.append(t)
         didx, deltas, sidx, which = tb.step(np.array([5], np.uint64), np.array([t], np.int32), np.zeros(1, np.uint8))
         assert len(didx) == 0  # not streaming
         if len(sidx):
             assert which.tolist() == [1]
             break
-    assert tb.take(5) == "alpha beta "
+    text, ids = tb.take(5)
+    assert text == "alpha beta " and ids.tolist() == ids_so_far
 
 
 def test_mismatched_lengths_and_duplicates_are_value_errors():

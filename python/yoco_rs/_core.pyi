@@ -1,21 +1,233 @@
-"""Type stubs of the ``yoco_rs._core`` extension module (crates/yoco-py)."""
+"""Type stubs of the ``yoco_rs._core`` extension module (crates/yoco-py).
+
+Per engine step: one ``Scheduler.schedule()`` and one ``Scheduler.update()``. Arrays are numpy views of
+Rust buffers (no copies); ``schedule``/``update``/``add_request`` release the GIL while Rust works.
+Field meanings: ``crates/yoco-core/src/sched/plan.rs``.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 __version__: str
 
+NOT_FINISHED: int
+"""0: ``StepOutcome.finish_reasons`` code of a request still running."""
+FINISH_STOP: int
+"""1: EOS sampled."""
+FINISH_STOP_TOKEN: int
+"""2: a stop token id sampled."""
+FINISH_LENGTH: int
+"""3: max_tokens reached, or max_model_len."""
+FINISH_ABORT: int
+"""4: aborted by the engine."""
+FINISH_STOP_STRING: int
+"""5: finished by the engine after a stop string matched."""
+
+class CapacityError(ValueError):
+    """The KV pool can never hold the request (prompt + max_tokens, capped at max_model_len)."""
+
+class StepPlan:
+    """One step's plan: R rows, T tokens (T_pad padded), S samplers, X cross rows (X_pad padded), C copies.
+
+    Every array attribute is a numpy view created on first access and cached (``plan.x is plan.x``);
+    views keep the plan alive.
+    """
+
+    @property
+    def step_id(self) -> int: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def num_samples(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_tokens_padded(self) -> int: ...
+    @property
+    def num_cross(self) -> int: ...
+    @property
+    def num_cross_padded(self) -> int: ...
+    @property
+    def max_query_len(self) -> int: ...
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def req_ids(self) -> npt.NDArray[np.uint64]:
+        """[R] request id of each row."""
+    @property
+    def req_rows(self) -> npt.NDArray[np.int32]:
+        """[R] persistent row (block tables) of each row."""
+    @property
+    def query_start_loc(self) -> npt.NDArray[np.int32]:
+        """[R+1] prefix sums of scheduled tokens."""
+    @property
+    def seq_lens(self) -> npt.NDArray[np.int32]:
+        """[R] context length after this step."""
+    @property
+    def input_ids(self) -> npt.NDArray[np.int32]:
+        """[T_pad] token ids (padding 0)."""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """[T_pad] positions (padding 0)."""
+    @property
+    def slot_mapping(self) -> npt.NDArray[np.int64]:
+        """[G, T_pad] KV slot per group and token (padding: slot 0 of block 0)."""
+    @property
+    def kv_copies(self) -> npt.NDArray[np.int32]:
+        """[C, 4] (group, src_block, dst_block, num_tokens), applied before the forward."""
+    @property
+    def logits_indices(self) -> npt.NDArray[np.int32]:
+        """[S] token index of each sampling request's last scheduled token."""
+    @property
+    def sample_rows(self) -> npt.NDArray[np.int32]:
+        """[S] row of each sampling request."""
+    @property
+    def cross_indices(self) -> npt.NDArray[np.int32]:
+        """[X_pad] token indices the cross-decoder computes; padding repeats the last."""
+    @property
+    def cross_query_start_loc(self) -> npt.NDArray[np.int32]:
+        """[R+1] prefix sums of cross rows per row."""
+    @property
+    def logits_cross_pos(self) -> npt.NDArray[np.int32]:
+        """[S] position of each sampling token within the cross rows."""
+    @property
+    def admitted_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def admitted_rows(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def admitted_num_cached(self) -> npt.NDArray[np.int32]:
+        """Prefix-cache hit (tokens) of each admitted request."""
+    @property
+    def preempted_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def dirty_rows(self) -> npt.NDArray[np.int32]:
+        """Block-table rows changed since the previous plan (copy only these to the device)."""
+    def __len__(self) -> int: ...
+
+class StepOutcome:
+    """What ``update`` did: K requests that received a token this step."""
+
+    @property
+    def req_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def new_tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def finish_reasons(self) -> npt.NDArray[np.uint8]:
+        """0 = running, else a FINISH_* code."""
+    @property
+    def num_finished(self) -> int: ...
+    def __len__(self) -> int: ...
+
+class Scheduler:
+    def __init__(
+        self,
+        layer_kinds: Sequence[str],
+        *,
+        num_blocks: int | Sequence[int],
+        block_size: int = 16,
+        sub_block_size: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int = 4096,
+        long_prefill_token_threshold: int = 0,
+        enable_prefix_caching: bool = True,
+        policy: str = "fcfs",
+        max_admission_skips: int = 16,
+        token_capture_sizes: Sequence[int] = (),
+        cross_capture_sizes: Sequence[int] = (),
+        enable_kv_events: bool = False,
+        hash_seed: bytes | None = None,
+    ) -> None:
+        """``layer_kinds``: per layer "full" | "sliding:W" | "shared:DONOR". ``num_blocks``: per KV group
+        (block 0 included), or one int for all. Raises ValueError on a bad configuration."""
+    def kv_groups(self) -> list[dict[str, Any]]:
+        """Per KV group: {"kind": "full"|"sliding", "window": int|None, "layers": [...],
+        "readers": [(layer, donor), ...]}; ``layers[i]`` is slice i of the group's KV tensor."""
+    def add_request(
+        self,
+        req_id: int,
+        prompt: npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64] | Sequence[int],
+        *,
+        max_tokens: int,
+        min_tokens: int = 0,
+        eos_token_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        prompt_logprobs: bool = False,
+        after: int | None = None,
+    ) -> None:
+        """Queues a request. ValueError for a bad request, CapacityError if the pool can never hold it."""
+    def abort(self, req_id: int) -> bool: ...
+    def finish(self, req_id: int, reason_code: int) -> bool: ...
+    def schedule(self) -> StepPlan:
+        """Plans the next step. RuntimeError if the previous non-empty plan awaits ``update``."""
+    def update(self, sampled: npt.NDArray[np.int32] | Sequence[int]) -> StepOutcome:
+        """One sampled id per ``logits_indices`` entry of the last plan."""
+    def block_tables(self) -> list[npt.NDArray[np.int32]]:
+        """Per group, the persistent [max_num_seqs, max_blocks_per_seq] table (updated in place)."""
+    @property
+    def max_blocks_per_seq(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def num_unfinished(self) -> int: ...
+    def contains(self, req_id: int) -> bool: ...
+    def __contains__(self, req_id: int) -> bool: ...
+    def stats(self) -> dict[str, int]:
+        """running, waiting, preemptions, and every KV metric (blocks_total, blocks_free, ...)."""
+    def take_kv_events(self) -> list[dict[str, Any]]: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def check_invariants(self) -> None:
+        """Raises AssertionError naming the first broken invariant (tests; O(pool))."""
+
+class MockExecutor:
+    """Deterministic mock model (``yoco_core::mock``). With ``scheduler``: simulates paged KV through
+    that scheduler's block tables, so any wrong plan changes the sampled stream."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        first_token: int = 0,
+        scheduler: Scheduler | None = None,
+        base_us: float = 0.0,
+        per_token_us: float = 0.0,
+        per_cross_row_us: float = 0.0,
+        sleep: bool = False,
+    ) -> None: ...
+    def sample(self, plan: StepPlan) -> npt.NDArray[np.int32]: ...
+    @property
+    def modelled_us(self) -> float: ...
+    @property
+    def simulates_kv(self) -> bool: ...
+    def reference_next(self, tokens: Sequence[int]) -> int: ...
+
 # ---- yoco-text (engine) ----------------------------------------------------------------------
-import numpy as _np
 
 class TextBatch:
     """Incremental detokenization and stop strings for all live requests (crates/yoco-text)."""
+
     def __init__(self, tokenizer_json: str) -> None: ...
-    def add(self, req_id: int, prompt: list[int], *, skip_special_tokens: bool = True,
-            include_stop_str_in_output: bool = False, stop: list[str] = ..., stream: bool = False) -> None: ...
-    def step(self, req_ids: _np.ndarray, tokens: _np.ndarray, finish: _np.ndarray
-             ) -> tuple[_np.ndarray, list[str], _np.ndarray, _np.ndarray]: ...
+    def add(self, req_id: int, prompt: Sequence[int], *, skip_special_tokens: bool = True,
+            include_stop_str_in_output: bool = False, stop: Sequence[str] = ..., stream: bool = False,
+            detokenize: bool = True) -> None: ...
+    def step(self, req_ids: npt.NDArray[np.uint64], tokens: npt.NDArray[np.int32], finish: npt.NDArray[np.uint8]
+             ) -> tuple[npt.NDArray[np.uint32], list[str], npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+        """(delta_idx, deltas, stop_idx, stop_which) over the K inputs."""
     def text(self, req_id: int) -> str | None: ...
-    def take(self, req_id: int) -> str | None: ...
+    def token_ids(self, req_id: int) -> npt.NDArray[np.int32] | None: ...
+    def take(self, req_id: int) -> tuple[str, npt.NDArray[np.int32]] | None: ...
     def remove(self, req_id: int) -> bool: ...
     def __contains__(self, req_id: int) -> bool: ...
     def __len__(self) -> int: ...
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
-    def decode_each(self, ids: list[int]) -> list[str]: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def decode_each(self, ids: Sequence[int]) -> list[str]: ...

@@ -138,8 +138,8 @@ class MetricsRecorder:
         total = int(s.get("blocks_total", 0))
         used = int(s.get("blocks_used", 0))
         return EngineMetrics(
-            num_requests_running=int(s.get("num_running", 0)),
-            num_requests_waiting=int(s.get("num_waiting", 0)),
+            num_requests_running=int(s.get("running", 0)),
+            num_requests_waiting=int(s.get("waiting", 0)),
             kv_cache_usage=(used / total) if total else 0.0,
             kv_blocks_total=total,
             kv_blocks_used=used,
@@ -147,7 +147,7 @@ class MetricsRecorder:
             kv_blocks_cached=int(s.get("blocks_cached", 0)),
             prefix_cache_queries=int(s.get("prefix_query_tokens", 0)),
             prefix_cache_hits=int(s.get("prefix_hit_tokens", 0)),
-            num_preemptions=int(s.get("num_preemptions", 0)),
+            num_preemptions=int(s.get("preemptions", 0)),
             kv_copies=int(s.get("copies", 0)),
             kv_copied_tokens=int(s.get("copied_tokens", 0)),
             kv_adoptions=int(s.get("adoptions", 0)),

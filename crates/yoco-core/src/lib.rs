@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod kv;
+pub mod mock;
 pub mod sched;
 
 pub use error::{Error, Result};

@@ -1,10 +1,36 @@
 //! `yoco_rs._core`: the thin PyO3 boundary over `yoco-core`. No engine logic lives here.
-use pyo3::prelude::*;
+//!
+//! Per step the engine makes O(1) calls (`schedule`, `update`) that create O(1) Python objects; all
+//! per-token/per-block data crosses as flat numpy buffers moved out of or borrowed from Rust.
+
+mod arrays;
+mod convert;
+mod errors;
+mod mock;
+mod plan;
+mod scheduler;
 mod text; // yoco-text binding (engine)
+
+use pyo3::prelude::*;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CapacityError", m.py().get_type::<errors::CapacityError>())?;
+    m.add_class::<scheduler::Scheduler>()?;
+    m.add_class::<plan::StepPlan>()?;
+    m.add_class::<plan::StepOutcome>()?;
+    m.add_class::<mock::MockExecutor>()?;
+    m.add("NOT_FINISHED", yoco_core::sched::NOT_FINISHED)?;
+    for (name, r) in [
+        ("FINISH_STOP", yoco_core::sched::FinishReason::Stop),
+        ("FINISH_STOP_TOKEN", yoco_core::sched::FinishReason::StopToken),
+        ("FINISH_LENGTH", yoco_core::sched::FinishReason::Length),
+        ("FINISH_ABORT", yoco_core::sched::FinishReason::Abort),
+        ("FINISH_STOP_STRING", yoco_core::sched::FinishReason::StopString),
+    ] {
+        m.add(name, r as u8)?;
+    }
     text::register(m)?; // engine: TextBatch
     Ok(())
 }

@@ -32,7 +32,8 @@ impl PyTextBatch {
     }
 
     /// Registers request `req_id` with its prompt ids (the tail is decoding context).
-    #[pyo3(signature = (req_id, prompt, *, skip_special_tokens=true, include_stop_str_in_output=false, stop=Vec::new(), stream=false))]
+    #[pyo3(signature = (req_id, prompt, *, skip_special_tokens=true, include_stop_str_in_output=false, stop=Vec::new(), stream=false, detokenize=true))]
+    #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
         req_id: u64,
@@ -41,8 +42,9 @@ impl PyTextBatch {
         include_stop_str_in_output: bool,
         stop: Vec<String>,
         stream: bool,
+        detokenize: bool,
     ) -> PyResult<()> {
-        let opts = SeqOptions { skip_special_tokens, include_stop_str_in_output, stop, stream };
+        let opts = SeqOptions { skip_special_tokens, include_stop_str_in_output, stop, stream, detokenize };
         self.inner.add(req_id, &prompt, opts).map_err(to_py)
     }
 
@@ -75,9 +77,16 @@ impl PyTextBatch {
         self.inner.text(req_id).map(str::to_owned)
     }
 
-    /// Removes the request and returns its final text (None if unknown).
-    fn take(&mut self, req_id: u64) -> Option<String> {
-        self.inner.take(req_id)
+    /// The request's output token ids so far (int32; None if unknown).
+    fn token_ids<'py>(&self, py: Python<'py>, req_id: u64) -> Option<Bound<'py, PyArray1<i32>>> {
+        self.inner.tokens(req_id).map(|t| t.iter().map(|&x| x as i32).collect::<Vec<i32>>().into_pyarray(py))
+    }
+
+    /// Removes the request and returns `(final text, output token ids int32)` (None if unknown).
+    fn take<'py>(&mut self, py: Python<'py>, req_id: u64) -> Option<(String, Bound<'py, PyArray1<i32>>)> {
+        self.inner
+            .take(req_id)
+            .map(|(text, ids)| (text, ids.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py)))
     }
 
     /// Forgets the request; False if unknown.

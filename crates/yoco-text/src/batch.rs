@@ -28,11 +28,15 @@ pub struct SeqOptions {
     pub stop: Vec<String>,
     /// Produce per-step deltas (streaming); otherwise only the final text is read.
     pub stream: bool,
+    /// Decode text at all (false: only the token ids are kept, like vLLM's `detokenize=False`).
+    pub detokenize: bool,
 }
 
 #[derive(Debug)]
 struct SeqText {
     decoder: IncrementalDecoder,
+    /// Every output token received (stop tokens included).
+    tokens: Vec<u32>,
     text: String,
     /// Bytes of `text` already returned as deltas.
     emitted: usize,
@@ -91,7 +95,7 @@ impl TextBatch {
         }
         let ctx = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
         let stops = StopStrings::new(opts.stop.clone());
-        let seq = SeqText { decoder: IncrementalDecoder::new(ctx), text: String::new(), emitted: 0, stops, opts, stopped: false };
+        let seq = SeqText { decoder: IncrementalDecoder::new(ctx), tokens: Vec::new(), text: String::new(), emitted: 0, stops, opts, stopped: false };
         self.seqs.insert(id, seq);
         Ok(())
     }
@@ -118,9 +122,14 @@ impl TextBatch {
         self.seqs.get(&id).map(|s| s.text.as_str())
     }
 
-    /// Removes the request and returns its final text.
-    pub fn take(&mut self, id: u64) -> Option<String> {
-        self.seqs.remove(&id).map(|s| s.text)
+    /// The request's output token ids so far.
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    /// Removes the request and returns its final text and output token ids.
+    pub fn take(&mut self, id: u64) -> Option<(String, Vec<u32>)> {
+        self.seqs.remove(&id).map(|s| (s.text, s.tokens))
     }
 
     /// Advances the requests of one step. `ids[k]` received `tokens[k]` (-1: none) and has core
@@ -135,6 +144,12 @@ impl TextBatch {
             }
             let code = finish.get(k).copied().unwrap_or(0);
             let tok = tokens[k];
+            if tok >= 0 {
+                seq.tokens.push(tok as u32);
+            }
+            if !seq.opts.detokenize {
+                continue;
+            }
             let skip = seq.opts.skip_special_tokens;
             let old_len = seq.text.len();
             let stop_token = code == FINISH_EOS || code == FINISH_STOP_TOKEN;

@@ -19,6 +19,7 @@ fn opts(stop: &[&str], stream: bool) -> SeqOptions {
         include_stop_str_in_output: false,
         stop: stop.iter().map(|s| s.to_string()).collect(),
         stream,
+        detokenize: true,
     }
 }
 
@@ -67,7 +68,7 @@ fn streamed_deltas_concatenate_to_the_whole_sequence_decode() {
         let (deltas, _) = run(&mut b, &ids, 3);
         let whole = b.tokenizer().decode(&ids, skip).unwrap();
         assert_eq!(deltas.concat(), whole, "case {case}: ids {ids:?}");
-        assert_eq!(b.take(7).unwrap(), whole);
+        assert_eq!(b.take(7).unwrap(), (whole, ids.clone()));
     }
 }
 
@@ -150,7 +151,9 @@ fn eos_and_stop_token_text_is_left_out_unless_include_stop_str() {
         b.add(7, &[], o).unwrap();
         let (deltas, _) = run(&mut b, &ids, 2);
         assert!(deltas.is_empty(), "non-streaming requests produce no deltas");
-        assert_eq!(b.take(7).unwrap(), want);
+        assert_eq!(b.take(7).unwrap().0, want);
+        // the stop token stays in the ids even when its text is left out
+
     }
 }
 
@@ -174,4 +177,16 @@ fn an_unfinished_byte_sequence_is_flushed_as_replacement_characters_at_finish() 
     assert_eq!(mid.deltas.concat(), tok.decode(&ids[..1], true).unwrap());
     let end = b.step(&[7], &[ids[2] as i32], &[3]).unwrap().clone();
     assert_eq!(end.deltas, vec!["\u{FFFD}\u{FFFD}".to_string()]);
+}
+
+#[test]
+fn without_detokenize_only_token_ids_are_kept() {
+    let mut b = batch();
+    let mut o = opts(&["a"], true);
+    o.detokenize = false;
+    b.add(7, &[], o).unwrap();
+    let out = b.step(&[7, 7], &[300, 301], &[0, 3]).unwrap();
+    assert!(out.deltas.is_empty() && out.stop_idx.is_empty());
+    assert_eq!(b.tokens(7).unwrap(), &[300, 301]);
+    assert_eq!(b.take(7).unwrap(), (String::new(), vec![300, 301]));
 }

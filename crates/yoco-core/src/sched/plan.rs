@@ -53,6 +53,10 @@ pub struct StepPlan {
     /// `[R]` context length after this step (`num_computed + num_scheduled`); keys are
     /// bottom-right aligned: the row's last query sits at position `seq_lens[r] - 1`.
     pub seq_lens: Vec<i32>,
+    /// Max over rows of scheduled tokens (1 = pure decode; 0 for an empty plan).
+    pub max_query_len: u32,
+    /// Max over rows of `seq_lens` (0 for an empty plan).
+    pub max_seq_len: u32,
 
     // ---- tokens (padded to `num_tokens_padded`) ---------------------------------------------
     /// Scheduled tokens T (<= max_num_batched_tokens).

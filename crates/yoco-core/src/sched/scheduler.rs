@@ -1,9 +1,22 @@
 //! The scheduler's public face. CONTRACT: signatures below are what `yoco-py` and `yoco-ref` call.
+//!
+//! One engine step is `schedule()` (decide, advance `num_computed`, build the [`StepPlan`]), the
+//! executor's forward, then `update(sampled)` (append, stop, index, free). The algorithm lives in
+//! `step.rs` (phases A/B), `build.rs` (phase C, the plan) and `update.rs`; requests in `state.rs`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 
 use super::plan::{FinishReason, StepOutcome, StepPlan};
+use super::queue::WaitingQueue;
 use super::request::NewRequest;
-use crate::error::Result;
-use crate::kv::{KvConfig, KvMetrics, LayerKind};
+use super::state::{Req, Status, NO_ROW};
+use super::table::BlockTables;
+use super::validate;
+use crate::error::{Error, Result};
+use crate::kv::{kv_groups, KvConfig, KvEvent, KvGroup, KvManager, KvMetrics, LayerKind};
 
 /// Order of the waiting queue and choice of preemption victims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,11 +33,13 @@ pub enum Policy {
 pub struct SchedulerConfig {
     /// One entry per decoder layer.
     pub layers: Vec<LayerKind>,
+    /// `kv.max_num_batched_tokens` is overwritten with [`SchedulerConfig::max_num_batched_tokens`].
     pub kv: KvConfig,
     pub max_num_seqs: u32,
     pub max_num_batched_tokens: u32,
     pub max_model_len: u32,
-    /// Per-request chunk cap for long prompts when other requests compete (0 = off).
+    /// Per-request chunk cap for long prompts when other requests compete (0 = off). Ignored when
+    /// only one request is unfinished (vLLM 0.33).
     pub long_prefill_token_threshold: u32,
     pub policy: Policy,
     /// Skip-and-continue admission: a waiting request that does not fit may be passed over by later
@@ -36,6 +51,39 @@ pub struct SchedulerConfig {
     pub cross_capture_sizes: Vec<u32>,
 }
 
+/// Default of [`SchedulerConfig::max_admission_skips`].
+pub const DEFAULT_MAX_ADMISSION_SKIPS: u32 = 16;
+
+impl SchedulerConfig {
+    /// A configuration with vLLM-like defaults: 256 sequences, 8192 tokens per step, FCFS, no
+    /// capture sizes, prefix caching on, and `max_model_len` = what the pool holds for one sequence
+    /// (capped at 1 << 20) unless set afterwards.
+    pub fn new(layers: Vec<LayerKind>, block_size: u32, num_blocks: u32) -> Result<Self> {
+        let groups = kv_groups(&layers)?;
+        let max_model_len = (num_blocks.saturating_sub(1) as u64 * block_size as u64).clamp(1, 1 << 20) as u32;
+        Ok(SchedulerConfig {
+            layers,
+            kv: KvConfig {
+                block_size,
+                sub_block_size: block_size,
+                num_blocks: vec![num_blocks; groups.len()],
+                enable_prefix_caching: true,
+                enable_events: false,
+                hash_seed: None,
+                max_num_batched_tokens: 8192,
+            },
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len,
+            long_prefill_token_threshold: 0,
+            policy: Policy::Fcfs,
+            max_admission_skips: DEFAULT_MAX_ADMISSION_SKIPS,
+            token_capture_sizes: Vec::new(),
+            cross_capture_sizes: Vec::new(),
+        })
+    }
+}
+
 /// Scheduler statistics the engine exports.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SchedulerStats {
@@ -45,52 +93,282 @@ pub struct SchedulerStats {
     pub kv: KvMetrics,
 }
 
+/// One request scheduled in the step being planned.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scheduled {
+    pub slot: u32,
+    pub num_new: u32,
+    /// Admitted (new or resumed) in this step: its table rows are written from scratch.
+    pub admitted: bool,
+}
+
+/// One row of the plan awaiting `update`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pending {
+    pub slot: u32,
+    /// Generation check: the slot still holds the request that was scheduled.
+    pub seq_no: u64,
+    pub samples: bool,
+}
+
 pub struct Scheduler {
-    _private: (),
+    pub(super) cfg: SchedulerConfig,
+    pub(super) kv: KvManager,
+    pub(super) num_groups: usize,
+    /// Request slab; `by_id` maps ids to slots.
+    pub(super) reqs: Vec<Option<Req>>,
+    pub(super) free_slots: Vec<u32>,
+    pub(super) by_id: FxHashMap<u64, u32>,
+    /// Running requests (slots) in admission order.
+    pub(super) running: Vec<u32>,
+    pub(super) waiting: WaitingQueue,
+    /// Free persistent rows; the lowest is handed out first so rows stay dense.
+    pub(super) free_rows: BinaryHeap<Reverse<u32>>,
+    pub(super) tables: BlockTables,
+    pub(super) plan: StepPlan,
+    pub(super) outcome: StepOutcome,
+    pub(super) next_seq_no: u64,
+    pub(super) step_id: u64,
+    pub(super) num_preemptions: u64,
+    /// The step being planned (running first, then admitted), reused across steps.
+    pub(super) sched: Vec<Scheduled>,
+    /// The last plan's rows, for `update`.
+    pub(super) pending: Vec<Pending>,
+    /// A plan was handed out and `update` has not consumed it.
+    pub(super) awaiting_update: bool,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self> {
-        let _ = config;
-        todo!()
+        let mut config = config;
+        validate::config(&config)?;
+        config.kv.max_num_batched_tokens = config.max_num_batched_tokens;
+        let groups = kv_groups(&config.layers)?;
+        let num_groups = groups.len();
+        let kv = KvManager::new(groups, config.kv.clone())?;
+        let max_blocks = config.max_model_len.div_ceil(config.kv.block_size) as usize;
+        let rows = config.max_num_seqs as usize;
+        Ok(Scheduler {
+            waiting: WaitingQueue::new(config.policy),
+            tables: BlockTables::new(num_groups, rows, max_blocks),
+            free_rows: (0..config.max_num_seqs).map(Reverse).collect(),
+            cfg: config,
+            kv,
+            num_groups,
+            reqs: Vec::new(),
+            free_slots: Vec::new(),
+            by_id: FxHashMap::default(),
+            running: Vec::new(),
+            plan: StepPlan::default(),
+            outcome: StepOutcome::default(),
+            next_seq_no: 0,
+            step_id: 0,
+            num_preemptions: 0,
+            sched: Vec::new(),
+            pending: Vec::new(),
+            awaiting_update: false,
+        })
     }
-    /// Validates and queues a request (`Error::Request` names what is wrong).
+
+    /// Validates and queues a request (`Error::Request` names what is wrong; `Error::Capacity`
+    /// when the pool could never hold it).
     pub fn add_request(&mut self, req: NewRequest) -> Result<()> {
-        let _ = req;
-        todo!()
+        if self.by_id.contains_key(&req.id) {
+            return Err(Error::Request(format!("request id {} is already live; ids must be unique among unfinished requests", req.id)));
+        }
+        validate::request(&self.cfg, self.kv.groups(), &req)?;
+        let mut seq = self.kv.new_seq(req.hash_extras.clone(), req.prompt_logprobs);
+        self.kv.hash_tokens(&mut seq, &req.prompt);
+        let seq_no = self.next_seq_no;
+        self.next_seq_no += 1;
+        let r = Req::new(req, seq_no, seq);
+        let (id, priority) = (r.id, r.priority);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = Some(r);
+                s
+            }
+            None => {
+                self.reqs.push(Some(r));
+                (self.reqs.len() - 1) as u32
+            }
+        };
+        self.by_id.insert(id, slot);
+        self.waiting.push_new(slot, priority, seq_no);
+        Ok(())
     }
+
     /// Aborts a request in any state and frees everything it holds; unknown ids are a no-op (false).
+    /// Safe between `schedule` and `update`: `update` skips rows whose request is gone.
     pub fn abort(&mut self, id: u64) -> bool {
-        let _ = id;
-        todo!()
+        self.remove(id)
     }
-    /// Finishes a request for an engine-side reason (a stop string) and frees it.
+
+    /// Finishes a request for an engine-side reason (a stop string) and frees it. The reason is for
+    /// the caller's bookkeeping: like `abort`, it produces no outcome row.
     pub fn finish(&mut self, id: u64, reason: FinishReason) -> bool {
-        let _ = (id, reason);
-        todo!()
+        let _ = reason;
+        self.remove(id)
     }
+
     /// Plans the next step. An empty plan (R = 0) means nothing can run.
+    ///
+    /// # Panics
+    /// When the previous non-empty plan was not consumed by [`Scheduler::update`] (check
+    /// [`Scheduler::awaiting_update`]); overlapping steps are not supported.
     pub fn schedule(&mut self) -> &StepPlan {
-        todo!()
+        assert!(!self.awaiting_update, "schedule() called before update() consumed the previous plan");
+        self.schedule_step();
+        &self.plan
     }
+
     /// Applies the step's sampled tokens, one per sampling request in `sample_rows` order.
     pub fn update(&mut self, sampled: &[i32]) -> Result<&StepOutcome> {
-        let _ = sampled;
-        todo!()
+        self.update_step(sampled)?;
+        Ok(&self.outcome)
     }
+
     /// Persistent block table of group `g`, `[max_num_seqs * max_blocks_per_seq]` row-major,
-    /// indexed by `req_rows`; updated in place by `schedule`.
+    /// indexed by `req_rows`; updated in place by `schedule`. The buffer never moves.
     pub fn block_table(&self, g: usize) -> &[i32] {
-        let _ = g;
-        todo!()
+        self.tables.group(g)
     }
+
     pub fn max_blocks_per_seq(&self) -> usize {
-        todo!()
+        self.tables.max_blocks()
     }
+
     pub fn num_unfinished(&self) -> usize {
-        todo!()
+        self.by_id.len()
     }
+
     pub fn stats(&self) -> SchedulerStats {
-        todo!()
+        SchedulerStats {
+            num_running: self.running.len() as u32,
+            num_waiting: self.waiting.len() as u32,
+            num_preemptions: self.num_preemptions,
+            kv: self.kv.metrics(),
+        }
+    }
+
+    // ---- additions to the contract -----------------------------------------------------------
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn kv_groups(&self) -> &[KvGroup] {
+        self.kv.groups()
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.num_groups
+    }
+
+    /// The block manager (read-only: metrics, free counts).
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    /// The last plan `schedule` built (empty before the first, or after [`Scheduler::take_plan`]).
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
+    }
+
+    /// Moves the last plan out (the Python boundary hands its buffers to numpy without copying);
+    /// `update` does not need it.
+    pub fn take_plan(&mut self) -> StepPlan {
+        std::mem::take(&mut self.plan)
+    }
+
+    /// The last outcome `update` built.
+    pub fn outcome(&self) -> &StepOutcome {
+        &self.outcome
+    }
+
+    pub fn take_outcome(&mut self) -> StepOutcome {
+        std::mem::take(&mut self.outcome)
+    }
+
+    /// True between a non-empty `schedule` and its `update`.
+    pub fn awaiting_update(&self) -> bool {
+        self.awaiting_update
+    }
+
+    /// Whether `id` is live (waiting, preempted or running).
+    pub fn contains(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    /// Drops every prefix-cache entry; false while any block is referenced (requests running).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.kv.reset_prefix_cache()
+    }
+
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.kv.take_events()
+    }
+
+    /// Output tokens so far and `num_computed` of a live request (tests, debugging).
+    pub fn request_progress(&self, id: u64) -> Option<(&[u32], u32)> {
+        let r = self.req_by_id(id)?;
+        Some((&r.tokens[r.num_prompt as usize..], r.num_computed))
+    }
+
+    // ---- internals shared by the phases -------------------------------------------------------
+
+    pub(super) fn req(&self, slot: u32) -> &Req {
+        self.reqs[slot as usize].as_ref().expect("live slot")
+    }
+
+    pub(super) fn req_mut(&mut self, slot: u32) -> &mut Req {
+        self.reqs[slot as usize].as_mut().expect("live slot")
+    }
+
+    fn req_by_id(&self, id: u64) -> Option<&Req> {
+        self.by_id.get(&id).map(|&s| self.req(s))
+    }
+
+    /// Removes a live request from wherever it is and returns everything it holds.
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(&slot) = self.by_id.get(&id) else { return false };
+        match self.req(slot).status {
+            Status::Running => {
+                let i = self.running.iter().position(|&s| s == slot).expect("running request is listed");
+                self.running.remove(i);
+            }
+            Status::Waiting | Status::Preempted => {
+                let found = self.waiting.remove_slot(slot);
+                debug_assert!(found, "waiting request is queued");
+            }
+        }
+        self.release(slot);
+        true
+    }
+
+    /// Frees a request that is no longer listed in `running` or `waiting`: blocks, row, slot, id.
+    pub(super) fn release(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize].take().expect("live slot");
+        if let Some(seq) = r.kv {
+            self.kv.free(seq);
+        }
+        if r.row != NO_ROW {
+            self.release_row(r.row);
+        }
+        self.by_id.remove(&r.id);
+        self.free_slots.push(slot);
+    }
+
+    pub(super) fn take_row(&mut self) -> u32 {
+        self.free_rows.pop().expect("a free row while running < max_num_seqs").0
+    }
+
+    pub(super) fn release_row(&mut self, row: u32) {
+        self.free_rows.push(Reverse(row));
+    }
+
+    /// Checks every invariant the scheduler keeps, and the block manager's (O(pool); tests).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        super::invariants::check(self)
     }
 }

@@ -1,0 +1,190 @@
+//! Phase C of `schedule()`: write the step plan from the scheduled requests, sync the persistent
+//! block tables, drain the copy ops, and advance `num_computed` (scheduler.md §2.5, §9).
+//!
+//! Everything the executor needs is computed here on the CPU, including the cross-decoder selection
+//! (fast prefill): the executor never syncs with the device to interpret a plan.
+
+use super::plan::StepPlan;
+use super::scheduler::{Pending, Scheduler};
+use crate::kv::NULL_BLOCK;
+
+/// The smallest capture size >= `n`, or `n` when none is (or `n == 0`).
+pub(super) fn padded(sizes: &[u32], n: u32) -> u32 {
+    if n == 0 {
+        return 0;
+    }
+    let i = sizes.partition_point(|&s| s < n);
+    sizes.get(i).copied().unwrap_or(n)
+}
+
+impl StepPlan {
+    /// Empties every array (keeping capacity) for the next step.
+    pub fn clear(&mut self) {
+        let step_id = self.step_id;
+        let StepPlan {
+            req_ids,
+            req_rows,
+            query_start_loc,
+            seq_lens,
+            input_ids,
+            positions,
+            slot_mapping,
+            kv_copies,
+            logits_indices,
+            sample_rows,
+            cross_indices,
+            cross_query_start_loc,
+            logits_cross_pos,
+            admitted_ids,
+            admitted_rows,
+            admitted_num_cached,
+            preempted_ids,
+            dirty_rows,
+            ..
+        } = self;
+        req_ids.clear();
+        req_rows.clear();
+        query_start_loc.clear();
+        seq_lens.clear();
+        input_ids.clear();
+        positions.clear();
+        slot_mapping.clear();
+        kv_copies.clear();
+        logits_indices.clear();
+        sample_rows.clear();
+        cross_indices.clear();
+        cross_query_start_loc.clear();
+        logits_cross_pos.clear();
+        admitted_ids.clear();
+        admitted_rows.clear();
+        admitted_num_cached.clear();
+        preempted_ids.clear();
+        dirty_rows.clear();
+        self.num_tokens = 0;
+        self.num_tokens_padded = 0;
+        self.num_cross = 0;
+        self.num_cross_padded = 0;
+        self.max_query_len = 0;
+        self.max_seq_len = 0;
+        self.step_id = step_id;
+    }
+}
+
+impl Scheduler {
+    pub(super) fn build_plan(&mut self) {
+        let mut p = std::mem::take(&mut self.plan);
+        p.step_id = self.step_id;
+        let num_rows = self.sched.len();
+        let t: u32 = self.sched.iter().map(|s| s.num_new).sum();
+        debug_assert!(t <= self.cfg.max_num_batched_tokens, "token budget exceeded");
+        let t_pad = padded(&self.cfg.token_capture_sizes, t);
+        let bs = self.cfg.kv.block_size;
+        let groups = self.num_groups;
+        p.num_tokens = t;
+        p.num_tokens_padded = t_pad;
+
+        p.req_ids.reserve(num_rows);
+        p.req_rows.reserve(num_rows);
+        p.seq_lens.reserve(num_rows);
+        p.query_start_loc.reserve(num_rows + 1);
+        p.cross_query_start_loc.reserve(num_rows + 1);
+        p.input_ids.reserve(t_pad as usize);
+        p.positions.reserve(t_pad as usize);
+        p.slot_mapping.resize(groups * t_pad as usize, 0);
+        p.query_start_loc.push(0);
+        p.cross_query_start_loc.push(0);
+        self.pending.clear();
+
+        let mut t0 = 0u32;
+        for k in 0..num_rows {
+            let sc = self.sched[k];
+            let r = self.reqs[sc.slot as usize].as_mut().expect("scheduled slot");
+            let seq = r.kv.as_ref().expect("scheduled request holds KV state");
+            let row = r.row;
+            let start = r.num_computed;
+            let end = start + sc.num_new;
+            let num_tokens = r.num_tokens();
+            let samples = end == num_tokens;
+
+            // Persistent block tables: whole rows for admitted requests, deltas otherwise.
+            let mut dirty = false;
+            for g in 0..groups {
+                let table = seq.table(g);
+                if sc.admitted {
+                    self.tables.write_row(row, g, table);
+                    dirty = true;
+                } else {
+                    dirty |= self.tables.sync_row(row, g, table);
+                }
+                let slots = &mut p.slot_mapping[g * t_pad as usize + t0 as usize..][..sc.num_new as usize];
+                for (i, s) in slots.iter_mut().enumerate() {
+                    let pos = start + i as u32;
+                    let block = table[(pos / bs) as usize];
+                    debug_assert!(block != NULL_BLOCK, "a computed position maps to a real block");
+                    *s = block as i64 * bs as i64 + (pos % bs) as i64;
+                }
+            }
+            if dirty {
+                p.dirty_rows.push(row as i32);
+            }
+
+            p.req_ids.push(r.id);
+            p.req_rows.push(row as i32);
+            p.seq_lens.push(end as i32);
+            p.input_ids.extend(r.tokens[start as usize..end as usize].iter().map(|&x| x as i32));
+            p.positions.extend((start..end).map(|x| x as i64));
+            let t1 = t0 + sc.num_new;
+            p.query_start_loc.push(t1 as i32);
+            p.max_query_len = p.max_query_len.max(sc.num_new);
+            p.max_seq_len = p.max_seq_len.max(end);
+
+            // Cross-decoder rows: the sampling token, or every scheduled token of a request that
+            // wants prompt logprobs (still the trailing rows of its chunk).
+            if r.prompt_logprobs {
+                p.cross_indices.extend((t0..t1).map(|x| x as i32));
+            } else if samples {
+                p.cross_indices.push(t1 as i32 - 1);
+            }
+            if samples {
+                p.logits_indices.push(t1 as i32 - 1);
+                p.sample_rows.push(k as i32);
+                p.logits_cross_pos.push(p.cross_indices.len() as i32 - 1);
+            }
+            p.cross_query_start_loc.push(p.cross_indices.len() as i32);
+
+            r.num_computed = end;
+            self.pending.push(Pending { slot: sc.slot, seq_no: r.seq_no, samples });
+            t0 = t1;
+        }
+
+        // Padding for graph replay: id 0, position 0, slot 0 (block 0 is reserved).
+        p.input_ids.resize(t_pad as usize, 0);
+        p.positions.resize(t_pad as usize, 0);
+        let x = p.cross_indices.len() as u32;
+        p.num_cross = x;
+        p.num_cross_padded = padded(&self.cfg.cross_capture_sizes, x);
+        if let Some(&last) = p.cross_indices.last() {
+            p.cross_indices.resize(p.num_cross_padded as usize, last);
+        }
+
+        for op in self.kv.take_copy_ops() {
+            p.kv_copies.extend_from_slice(&[op.group as i32, op.src as i32, op.dst as i32, op.num_tokens as i32]);
+        }
+        self.awaiting_update = num_rows > 0;
+        self.plan = p;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::padded;
+
+    #[test]
+    fn padding_picks_the_next_capture_size_or_none() {
+        assert_eq!(padded(&[], 5), 5);
+        assert_eq!(padded(&[1, 2, 4, 8], 3), 4);
+        assert_eq!(padded(&[1, 2, 4, 8], 4), 4);
+        assert_eq!(padded(&[1, 2, 4, 8], 9), 9);
+        assert_eq!(padded(&[1, 2, 4, 8], 0), 0);
+    }
+}

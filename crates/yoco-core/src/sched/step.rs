@@ -1,0 +1,179 @@
+//! One `schedule()` call (scheduler.md §2): phase A gives running requests their tokens under the
+//! budget, preempting by recompute when blocks run out; phase B admits waiting requests, only if
+//! nothing was preempted, with skip-and-continue and an aging bound; phase C (`build.rs`) writes the
+//! plan and advances `num_computed`.
+
+use super::scheduler::{Policy, Scheduled, Scheduler};
+use super::state::{Status, NO_ROW};
+use crate::kv::NoSpace;
+
+impl Scheduler {
+    pub(super) fn schedule_step(&mut self) {
+        self.step_id += 1;
+        self.sched.clear();
+        self.plan.clear();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        // vLLM 0.33: the per-request chunk cap is ignored when a request is alone.
+        let threshold = self.cfg.long_prefill_token_threshold;
+        let cap = if threshold > 0 && self.num_unfinished() > 1 { threshold } else { u32::MAX };
+        let preempted = self.schedule_running(&mut budget, cap);
+        if !preempted {
+            self.admit_waiting(&mut budget, cap);
+        }
+        self.build_plan();
+    }
+
+    /// Phase A: running requests in admission order. Returns whether anything was preempted.
+    fn schedule_running(&mut self, budget: &mut u32, cap: u32) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        'running: while i < self.running.len() && *budget > 0 {
+            let slot = self.running[i];
+            let n = self.req(slot).num_uncomputed().min(cap).min(*budget);
+            if n == 0 {
+                // Deliberately not strict FCFS: a request with nothing to do does not stop the pass.
+                i += 1;
+                continue;
+            }
+            loop {
+                let r = self.reqs[slot as usize].as_mut().expect("running slot");
+                let seq = r.kv.as_mut().expect("running request holds KV state");
+                match self.kv.allocate(seq, None, r.num_computed as usize, n as usize, 0) {
+                    Ok(_) => {
+                        self.sched.push(Scheduled { slot, num_new: n, admitted: false });
+                        *budget -= n;
+                        i += 1;
+                        break;
+                    }
+                    Err(NoSpace) => {
+                        preempted = true;
+                        let v = self.pick_victim();
+                        let victim = self.running.remove(v);
+                        if let Some(k) = self.sched.iter().position(|s| s.slot == victim) {
+                            // Only under the priority policy can the victim precede `i`: undo its
+                            // scheduling (its blocks go with the preemption).
+                            *budget += self.sched[k].num_new;
+                            self.sched.remove(k);
+                        }
+                        if v < i {
+                            i -= 1;
+                        }
+                        self.preempt(victim);
+                        if victim == slot {
+                            match self.cfg.policy {
+                                // Nothing behind the preempted tail can be scheduled either.
+                                Policy::Fcfs => break 'running,
+                                // More important requests later in the list may still fit.
+                                Policy::Priority => break,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        preempted
+    }
+
+    /// FCFS: the most recently admitted; priority: the least important, latest arrival first.
+    fn pick_victim(&self) -> usize {
+        match self.cfg.policy {
+            Policy::Fcfs => self.running.len() - 1,
+            Policy::Priority => {
+                let mut best = 0;
+                let mut best_key = (i32::MIN, 0u64);
+                for (i, &s) in self.running.iter().enumerate() {
+                    let r = self.req(s);
+                    let key = (r.priority, r.seq_no);
+                    if key > best_key || i == 0 {
+                        best = i;
+                        best_key = key;
+                    }
+                }
+                best
+            }
+        }
+    }
+
+    /// Recompute preemption: the victim frees its blocks and row, forgets its progress, and waits
+    /// at the front (FCFS) or at its key's place (priority). Its full, indexed blocks stay in the
+    /// prefix cache, so resuming usually hits them again.
+    fn preempt(&mut self, slot: u32) {
+        let r = self.reqs[slot as usize].as_mut().expect("running slot");
+        if let Some(seq) = r.kv.take() {
+            self.kv.free(seq);
+        }
+        let row = std::mem::replace(&mut r.row, NO_ROW);
+        r.num_computed = 0;
+        r.status = Status::Preempted;
+        r.num_preemptions += 1;
+        let (id, priority, seq_no) = (r.id, r.priority, r.seq_no);
+        self.release_row(row);
+        self.num_preemptions += 1;
+        self.plan.preempted_ids.push(id);
+        self.waiting.push_preempted(slot, priority, seq_no);
+    }
+
+    /// Phase B: admit waiting requests in queue order while budget and rows last. A request that
+    /// does not fit is passed over (skip-and-continue) until it has been passed over in
+    /// `max_admission_skips` steps; then admission stops behind it until it fits.
+    fn admit_waiting(&mut self, budget: &mut u32, cap: u32) {
+        let max_seqs = self.cfg.max_num_seqs as usize;
+        let mut i = 0;
+        while i < self.waiting.len() && *budget > 0 && self.running.len() < max_seqs {
+            let slot = self.waiting.get(i);
+            if self.blocked_by_sibling(slot) {
+                i += 1;
+                continue;
+            }
+            let step = self.step_id;
+            let r = self.reqs[slot as usize].as_mut().expect("waiting slot");
+            if r.kv.is_none() {
+                let mut seq = self.kv.new_seq(r.extras.clone(), r.prompt_logprobs);
+                self.kv.hash_tokens(&mut seq, &r.tokens);
+                r.kv = Some(seq);
+            }
+            let num_tokens = r.num_tokens();
+            let seq = r.kv.as_mut().expect("KV state just ensured");
+            let hit = self.kv.lookup(seq, num_tokens as usize);
+            let computed = hit.as_ref().map_or(0, |h| h.num_tokens);
+            debug_assert!(computed < num_tokens, "a prefix hit never covers the last token");
+            let n = (num_tokens - computed).min(cap).min(*budget);
+            match self.kv.allocate(seq, hit.as_ref(), computed as usize, n as usize, num_tokens as usize) {
+                Ok(_) => {
+                    r.num_computed = computed;
+                    r.status = Status::Running;
+                    r.skips = 0;
+                    let id = r.id;
+                    let row = self.take_row();
+                    self.req_mut(slot).row = row;
+                    self.waiting.remove_at(i);
+                    self.running.push(slot);
+                    self.sched.push(Scheduled { slot, num_new: n, admitted: true });
+                    self.plan.admitted_ids.push(id);
+                    self.plan.admitted_rows.push(row as i32);
+                    self.plan.admitted_num_cached.push(computed as i32);
+                    *budget -= n;
+                }
+                Err(NoSpace) => {
+                    if r.skips >= self.cfg.max_admission_skips {
+                        break;
+                    }
+                    if r.last_skip_step != step {
+                        r.skips += 1;
+                        r.last_skip_step = step;
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    /// An `n > 1` sibling waits until the request it follows has computed its prompt (or ended).
+    fn blocked_by_sibling(&self, slot: u32) -> bool {
+        let Some(after) = self.req(slot).after else { return false };
+        match self.by_id.get(&after) {
+            Some(&s) => !self.req(s).prompt_computed(),
+            None => false,
+        }
+    }
+}

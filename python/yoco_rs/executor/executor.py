@@ -1,0 +1,240 @@
+"""The executor: runs one step plan (a :class:`ForwardBatch`) through Gemma 3n and returns logits.
+
+Engine-facing API (all the engine needs)::
+
+    ex = Executor.from_pretrained(model_dir, dtype=None, device=None, kv_sharing_fast_prefill=True)
+    ex.layer_kinds()                 # ["sliding:512", ..., "full", ..., "shared:18", ...] -> Scheduler(layer_kinds=...)
+    ex.kv_group_specs()              # per KV group: kind, window, layers, readers, heads, head_dim, dtype
+    plan = ex.plan_kv(block_size, budget_bytes=None, max_num_seqs=..., max_num_batched_tokens=...)
+    ex.allocate_kv(plan.num_blocks, block_size)     # the core's KvConfig.num_blocks = plan.num_blocks
+    logits = ex.execute(batch)       # float32 [num_cross, vocab]: row x is token cross_indices[x]
+
+One step (``execute``): move the batch to the device, apply ``kv_copies``, build the attention metadata,
+run the self-decoder on all ``T_pad`` tokens (writing K/V of producing layers), then
+
+* fast prefill (default): gather the ``X_pad`` rows at ``cross_indices``, run the cross-decoder on them
+  only (queries per row from ``cross_query_start_loc``, same ``seq_lens`` and block tables: bottom-right
+  alignment makes each selected query see exactly its own prefix), logits for the first ``num_cross``;
+* ``kv_sharing_fast_prefill=False``: the cross-decoder on all ``T_pad`` tokens, then logits at the same
+  ``cross_indices`` rows.
+
+The batch may live on the CPU (the engine's zero-copy views of the core's arrays) or on the device; the
+host values the metadata needs are read from CPU copies. For CUDA graphs (helper ``gpu``), ``prepare``
+and the two halves are separately callable: ``step = ex.prepare(batch)``, then
+``ex.model.self_decoder(step.input_ids, step.positions, ex.kv_caches, ex.backend, step.self_meta)`` and
+``ex.model.cross_decoder(hidden[step.cross_indices], ple[step.cross_indices], step.cross_positions,
+ex.kv_caches, ex.backend, step.cross_meta)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata, get_backend
+from yoco_rs.executor.batch import ForwardBatch
+from yoco_rs.executor.kv_cache import (
+    KVGroupSpec, KVPoolPlan, allocate_kv, apply_kv_copies, kv_group_specs, kv_memory_budget, plan_kv_pools,
+)
+from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, ModelConfig, load_config, parse_config
+from yoco_rs.models.gemma3n.model import Gemma3nModel
+from yoco_rs.models.loader import load_checkpoint, load_state_dict
+
+log = logging.getLogger(__name__)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on CPU (exactness, speed of CPU fp32 GEMMs), bfloat16 on GPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _dtype(d: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if d is None:
+        return default_dtype(device)
+    if isinstance(d, torch.dtype):
+        return d
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16, "auto": default_dtype(device)}
+    if d not in table:
+        raise ValueError(f"dtype={d!r}: allowed are {sorted(table)}")
+    return table[d]
+
+
+@dataclass
+class PreparedStep:
+    """A batch on the device with its attention metadata (what the two halves consume)."""
+
+    num_tokens: int
+    input_ids: torch.Tensor  # [T_pad]
+    positions: torch.Tensor  # [T_pad]
+    self_meta: AttentionMetadata
+    num_cross: int
+    cross_indices: torch.Tensor  # [X_pad] int64
+    cross_positions: torch.Tensor  # [X_pad]
+    cross_meta: AttentionMetadata | None  # None with fast prefill off (the cross half reuses self_meta)
+
+
+class Executor:
+    def __init__(self, model: Gemma3nModel, model_config: ModelConfig | None = None, *,
+                 kv_sharing_fast_prefill: bool = True, attn_backend: str | AttentionBackend | None = None,
+                 min_rows: int | None = None):
+        self.model = model.eval()
+        self.args: Gemma3nTextArgs = model.args
+        self.model_config = model_config
+        self.dtype = model.dtype
+        self.device = model.embed_tokens.weight.device
+        self.kv_sharing_fast_prefill = kv_sharing_fast_prefill
+        self.backend = get_backend(attn_backend)
+        self.kv_caches: list[torch.Tensor] = []
+        self.block_size = 0
+        self._specs = kv_group_specs(self.args, self.dtype)
+        # CPU BLAS rounds GEMMs with < 4 rows differently: padding both halves to >= 4 rows keeps every
+        # token's numbers independent of the batch (and equal to a whole-sequence forward).
+        self.min_rows = min_rows if min_rows is not None else (4 if self.device.type == "cpu" else 1)
+
+    # ---- construction -----------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
+                        device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
+                        attn_backend: str | AttentionBackend | None = None, progress: bool = True) -> "Executor":
+        """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
+        layout). ``dtype`` defaults to float32 on CPU and bfloat16 on GPU."""
+        dev = torch.device(device) if device is not None else default_device()
+        mc = load_config(model_dir)
+        dt = _dtype(dtype, dev)
+        model = Gemma3nModel(mc.text, dtype=dt, device=dev)
+        load_checkpoint(model, mc, model_dir, progress=progress)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+
+    @classmethod
+    def from_state_dict(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], *,
+                        dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
+                        kv_sharing_fast_prefill: bool = True,
+                        attn_backend: str | AttentionBackend | None = None) -> "Executor":
+        """From a ``config.json``-style dict and a state dict with checkpoint key names (tests)."""
+        dev = torch.device(device) if device is not None else default_device()
+        mc = parse_config(config)
+        model = Gemma3nModel(mc.text, dtype=_dtype(dtype, dev), device=dev)
+        load_state_dict(model, mc, state_dict)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+
+    # ---- layout the core needs ------------------------------------------------------------------------------
+
+    def layer_kinds(self) -> list[str]:
+        """Per layer ``"full"``, ``"sliding:W"`` or ``"shared:DONOR"`` (the core's ``layer_kinds``)."""
+        return self.args.layer_kinds()
+
+    def kv_group_specs(self) -> list[KVGroupSpec]:
+        return list(self._specs)
+
+    def kv_bytes_per_block(self, block_size: int) -> list[int]:
+        return [s.bytes_per_block(block_size) for s in self._specs]
+
+    def plan_kv(self, block_size: int, budget_bytes: int | None = None, *, max_num_seqs: int | None = None,
+                max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
+                reserve_bytes: int = 0) -> KVPoolPlan:
+        """Sizes the pools from ``budget_bytes`` (default: what the device has left after loading, see
+        :func:`kv_memory_budget`) and logs how many tokens fit."""
+        if budget_bytes is None:
+            budget_bytes = kv_memory_budget(self.device, gpu_memory_utilization=gpu_memory_utilization,
+                                            reserve_bytes=reserve_bytes)
+        plan = plan_kv_pools(self._specs, block_size, budget_bytes, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens)
+        log.info(plan.summary(self._specs))
+        return plan
+
+    def allocate_kv(self, num_blocks_per_group: int | Sequence[int], block_size: int) -> list[torch.Tensor]:
+        """Allocates (zeroed) one KV tensor per group; replaces any previous allocation."""
+        self.kv_caches = []
+        self.kv_caches = allocate_kv(self._specs, num_blocks_per_group, block_size, self.device)
+        self.block_size = block_size
+        return self.kv_caches
+
+    # ---- one step ------------------------------------------------------------------------------------------------
+
+    def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.device else t.to(self.device, non_blocking=True)
+
+    def _check(self, b: ForwardBatch) -> None:
+        if not self.kv_caches:
+            raise RuntimeError("no KV cache: call allocate_kv(num_blocks_per_group, block_size) first")
+        g = len(self.kv_caches)
+        t_pad = int(b.input_ids.shape[0])
+        if b.positions.shape[0] != t_pad:
+            raise ValueError(f"positions has {b.positions.shape[0]} entries; input_ids has {t_pad}")
+        if tuple(b.slot_mapping.shape) != (g, t_pad):
+            raise ValueError(f"slot_mapping has shape {list(b.slot_mapping.shape)}; expected [{g}, {t_pad}] "
+                             "(one row per KV group)")
+        if len(b.block_tables) != g:
+            raise ValueError(f"block_tables has {len(b.block_tables)} groups; the model has {g}")
+        if not 0 <= b.num_tokens <= t_pad:
+            raise ValueError(f"num_tokens={b.num_tokens} not in [0, {t_pad}]")
+        x_pad = int(b.cross_indices.shape[0])
+        if not 0 <= b.num_cross <= x_pad:
+            raise ValueError(f"num_cross={b.num_cross} not in [0, len(cross_indices)={x_pad}]")
+        r = b.num_rows
+        if b.query_start_loc.shape[0] != r + 1 or b.cross_query_start_loc.shape[0] != r + 1:
+            raise ValueError(f"query_start_loc/cross_query_start_loc need {r + 1} entries (R={r} rows)")
+
+    def prepare(self, b: ForwardBatch) -> PreparedStep:
+        """Validates shapes, moves the batch to the device, applies ``kv_copies``, builds metadata."""
+        self._check(b)
+        apply_kv_copies(self.kv_caches, b.kv_copies)
+        qsl_cpu, sl_cpu = b.query_start_loc.cpu(), b.seq_lens.cpu()
+        qsl, sl = self._to_dev(b.query_start_loc), self._to_dev(b.seq_lens)
+        tables = [self._to_dev(t) for t in b.block_tables]
+        ids, pos = self._to_dev(b.input_ids), self._to_dev(b.positions).to(torch.int64)
+        slots = self._to_dev(b.slot_mapping).to(torch.int64)
+        cidx = self._to_dev(b.cross_indices).to(torch.int64)
+        if ids.shape[0] < self.min_rows:  # padding tokens: id 0, position 0, slots of block 0
+            n = self.min_rows - ids.shape[0]
+            ids = torch.cat([ids, ids.new_zeros(n)])
+            pos = torch.cat([pos, pos.new_zeros(n)])
+            slots = torch.cat([slots, (torch.arange(n, device=slots.device) % self.block_size).expand(len(slots), n)], 1)
+        if cidx.shape[0] < self.min_rows:  # padding cross rows repeat the last index
+            fill = cidx[-1:] if cidx.shape[0] else cidx.new_zeros(1)
+            cidx = torch.cat([cidx, fill.expand(self.min_rows - cidx.shape[0])])
+        windows = [s.window for s in self._specs]
+        common = dict(seq_lens_cpu=sl_cpu, seq_lens=sl, block_tables=tables, windows=windows,
+                      block_size=self.block_size, dtype=self.dtype)
+        self_meta = self.backend.build_metadata(
+            query_start_loc_cpu=qsl_cpu, query_start_loc=qsl, positions=pos,
+            slot_mapping=slots, **common)
+        cpos = pos.index_select(0, cidx)
+        cross_meta = None
+        if self.kv_sharing_fast_prefill:
+            cross_meta = self.backend.build_metadata(
+                query_start_loc_cpu=b.cross_query_start_loc.cpu(), query_start_loc=self._to_dev(b.cross_query_start_loc),
+                positions=cpos, slot_mapping=None, **common)
+        return PreparedStep(b.num_tokens, ids, pos, self_meta, b.num_cross, cidx, cpos, cross_meta)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch, *, hidden_states: list | None = None) -> torch.Tensor:
+        """Runs one step; returns float32 logits ``[num_cross, vocab]`` (row x: token ``cross_indices[x]``).
+
+        ``hidden_states``, when a list, receives each layer's output AltUp state ``[rows, A, H]``: all
+        ``T_pad`` rows for self-decoder layers, and for the cross-decoder layers the ``X_pad`` selected
+        rows (fast prefill) or all ``T_pad`` rows (fast prefill off)."""
+        step = self.prepare(batch)
+        m, kv = self.model, self.kv_caches
+        hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states)
+        if step.cross_meta is not None:
+            if step.num_cross == 0:  # nothing samples this step (only middle prefill chunks)
+                return torch.empty(0, self.args.vocab_size, device=self.device)
+            idx = step.cross_indices
+            h = m.cross_decoder(hidden.index_select(0, idx), ple.index_select(0, idx), step.cross_positions, kv,
+                                self.backend, step.cross_meta, hidden_states)
+        else:
+            h = m.cross_decoder(hidden, ple, step.positions, kv, self.backend, step.self_meta, hidden_states)
+            h = h.index_select(0, step.cross_indices)
+        # logits on all X_pad (>= min_rows) rows, then the real ones: same GEMM shapes as any other batch
+        return m.compute_logits(h)[: step.num_cross]

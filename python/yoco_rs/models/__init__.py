@@ -1,0 +1,1 @@
+"""Model definitions (Gemma 3n) and checkpoint loading."""

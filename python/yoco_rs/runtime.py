@@ -1,0 +1,145 @@
+"""Turning an ``EngineConfig`` into running parts: the checkpoint directory, tokenizer, executor (weights
+and KV tensors), the Rust scheduler, the sampler and the text batch, with every ``None`` setting
+resolved for the device and every impossible combination reported with the value that would work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from yoco_rs import _core, bundled
+from yoco_rs.config import EngineConfig
+from yoco_rs.executor.sampler import Sampler
+from yoco_rs.tokenizer import Tokenizer
+
+log = logging.getLogger("yoco_rs.engine")
+
+CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class Runtime:
+    config: EngineConfig
+    """Resolved: no ``None`` left except ``tokenizer``/``num_gpu_blocks_override``."""
+    model_dir: str
+    model_name: str
+    tokenizer: Tokenizer
+    executor: object
+    scheduler: "_core.Scheduler"
+    sampler: Sampler
+    text: "_core.TextBatch"
+    vocab_size: int
+    num_blocks: list[int]
+    kv_capacity_tokens: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here; use device='cpu' (or 'auto')")
+    return dev
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def resolve_model_dir(model: str | None) -> tuple[str, str]:
+    """(directory, name shown to users)."""
+    if model is None:
+        return bundled.default_model_dir(), bundled.NAME
+    path = os.path.expanduser(model)
+    if not os.path.isdir(path):
+        raise ValueError(f"model={model!r} is not a directory; give a local checkpoint directory in Hugging Face "
+                         "layout (config.json, *.safetensors, tokenizer.json), or no model for the bundled one")
+    return path, os.path.basename(os.path.normpath(path))
+
+
+def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
+    from yoco_rs.executor import Executor
+
+    model_dir, name = resolve_model_dir(cfg.model)
+    tokenizer = Tokenizer(os.path.expanduser(cfg.tokenizer) if cfg.tokenizer else model_dir)
+    device = resolve_device(cfg.device)
+    cuda = device.type == "cuda"
+    dtype = None if cfg.dtype == "auto" else cfg.dtype
+    if cfg.dtype == "float16" and not cuda:
+        raise ValueError("dtype='float16' is not supported on the CPU; use float32 (or bfloat16)")
+    executor = Executor.from_pretrained(model_dir, dtype=dtype, device=device,
+                                        kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress)
+    args = executor.args
+
+    block_size = cfg.block_size or (64 if cuda else 16)
+    sub_block = cfg.sub_block_size or min(16, block_size)
+    if block_size % sub_block:
+        raise ValueError(f"sub_block_size={sub_block} must divide block_size={block_size}")
+    max_num_seqs = cfg.max_num_seqs or (256 if cuda else 64)
+    mnbt = cfg.max_num_batched_tokens or (8192 if cuda else 2048)
+
+    # ---- KV pool ------------------------------------------------------------------------------------
+    if cfg.num_gpu_blocks_override is not None:
+        specs = executor.kv_group_specs()
+        num_blocks = [cfg.num_gpu_blocks_override + 1] * len(specs)
+        full = [n for s, n in zip(specs, num_blocks) if s.window is None] or num_blocks
+        capacity = (min(full) - 1) * block_size
+    else:
+        mem = cfg.kv_cache_memory
+        if mem is None:
+            mem = 0.9 if cuda else CPU_KV_BYTES
+        if isinstance(mem, float):
+            budget = None if cuda else int(mem * _physical_memory())
+            plan = executor.plan_kv(block_size, budget, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
+                                    gpu_memory_utilization=mem)
+        else:
+            plan = executor.plan_kv(block_size, int(mem), max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt)
+        num_blocks, capacity = list(plan.num_blocks), plan.max_tokens
+
+    model_max = int(args.max_position_embeddings)
+    if cfg.max_model_len is None:
+        max_model_len = min(model_max, capacity)
+        if capacity < model_max:
+            log.warning("max_model_len set to %d (what the KV pool holds) instead of the model's %d", capacity,
+                        model_max)
+    else:
+        max_model_len = cfg.max_model_len
+        if max_model_len > model_max:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={model_max}; "
+                             f"use max_model_len <= {model_max}")
+        if max_model_len > capacity:
+            raise ValueError(
+                f"max_model_len={max_model_len} does not fit in the KV cache, which holds {capacity} tokens "
+                f"({num_blocks} blocks of {block_size}); the largest max_model_len that fits is {capacity} "
+                "(or raise kv_cache_memory / num_gpu_blocks_override)")
+
+    executor.allocate_kv(num_blocks, block_size)
+    scheduler = _core.Scheduler(
+        executor.layer_kinds(), num_blocks=num_blocks, block_size=block_size, sub_block_size=sub_block,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, max_model_len=max_model_len,
+        enable_prefix_caching=cfg.enable_prefix_caching, policy=cfg.scheduling_policy,
+        enable_kv_events=cfg.enable_kv_events)
+    sampler = Sampler(max_num_seqs, int(args.vocab_size), executor.device)
+    text = _core.TextBatch(tokenizer.tokenizer_file)
+    resolved = dataclasses.replace(
+        cfg, model=model_dir, dtype=str(executor.dtype).removeprefix("torch."), device=str(executor.device),
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
+        block_size=block_size, sub_block_size=sub_block,
+        kv_cache_memory=cfg.kv_cache_memory if cfg.kv_cache_memory is not None else (0.9 if cuda else CPU_KV_BYTES))
+    log.info("yoco-rs engine: %s on %s (%s); KV cache holds %d tokens (%s blocks of %d, sub-block %d); "
+             "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
+             block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
+             "on" if cfg.enable_prefix_caching else "off")
+    return Runtime(resolved, model_dir, name, tokenizer, executor, scheduler, sampler, text, int(args.vocab_size),
+                   num_blocks, capacity)
+
+
+__all__ = ["Runtime", "build_runtime", "resolve_device", "resolve_model_dir"]
