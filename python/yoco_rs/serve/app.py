@@ -31,10 +31,6 @@ from yoco_rs.serve.tokenize import detokenize, tokenize
 log = logging.getLogger("yoco_rs.serve")
 
 
-def _rid_headers(request: Request) -> dict:
-    return {}
-
-
 def create_app(engine, settings: Optional[ServerSettings] = None, *,
                on_ready: Optional[Callable[[ServerState], None]] = None,
                on_fatal: Optional[Callable[[BaseException], None]] = None,

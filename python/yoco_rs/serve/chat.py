@@ -8,7 +8,7 @@ from starlette.requests import Request
 
 from yoco_rs.serve.body import parse_body
 from yoco_rs.serve.generation import final_outputs, new_id, now, stream_error_body, submit, usage
-from yoco_rs.serve.logprobs import TokenText, chat_logprobs
+from yoco_rs.serve.logprobs import TokenText, chat_logprobs, prompt_logprobs_json
 from yoco_rs.serve.protocol import ChatCompletionRequest
 from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, sse
 from yoco_rs.serve.validation import chat_prompt, reject_unsupported, sampling_params, truncate
@@ -56,7 +56,6 @@ class _Ctx:
                 "choices": choices,
                 "usage": usage(self.prompt_len, completion_tokens, int(out.num_cached_tokens or 0))}
         if self.req.prompt_logprobs is not None:
-            from yoco_rs.serve.logprobs import prompt_logprobs_json
             body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         return body
 
@@ -81,12 +80,13 @@ class _Ctx:
                 for co in out.outputs:
                     idx = co.index
                     toks = co.delta_token_ids
-                    gen_tokens += len(toks)
-                    cont = usage(self.prompt_len, gen_tokens, cached) if continuous else None
                     if idx not in started:
                         started.add(idx)
+                        cont = usage(self.prompt_len, gen_tokens, cached) if continuous else None
                         yield self._chunk([{"index": idx, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}], cont)
+                    gen_tokens += len(toks)
+                    cont = usage(self.prompt_len, gen_tokens, cached) if continuous else None
                     if not co.delta_text and not toks and co.finish_reason is None:
                         continue
                     logprobs = chat_logprobs(toks, co.delta_logprobs, self.top_n, self.text) if req.logprobs else None

@@ -53,10 +53,8 @@ class _Ctx:
         self.text = TokenText(state.engine.tokenizer, bool(req.return_tokens_as_token_ids or
                                                            state.settings.return_tokens_as_token_ids))
 
-    def _echo_block(self, lp: CompletionLogprobs, i: int, out) -> dict:
-        p = self.prompts[i]
-        plp = out.prompt_logprobs if out is not None else None
-        return lp.block(p.token_ids, plp)
+    def _echo_block(self, lp: CompletionLogprobs, i: int, plp) -> dict:
+        return lp.block(self.prompts[i].token_ids, plp)
 
     # ---- non-streaming --------------------------------------------------------------------------
     def response(self, outs) -> dict:
@@ -72,7 +70,7 @@ class _Ctx:
                 if req.logprobs is not None:
                     lp = CompletionLogprobs(self.text)
                     if req.echo:
-                        head = self._echo_block(lp, i, out)
+                        head = self._echo_block(lp, i, out.prompt_logprobs)
                         logprobs = merge_blocks(head, lp.block(co.token_ids, co.logprobs))
                     else:
                         logprobs = lp.block(co.token_ids, co.logprobs)
@@ -97,10 +95,13 @@ class _Ctx:
         cached = [0] * len(self.prompts)
         lps: dict[int, CompletionLogprobs] = {}
         started: set[int] = set()
+        plps: dict[int, object] = {}
         merged = merge(streams)
         try:
             async for i, out in merged:
                 cached[i] = max(cached[i], int(out.num_cached_tokens or 0))
+                if out.prompt_logprobs is not None and i not in plps:
+                    plps[i] = out.prompt_logprobs
                 for co in out.outputs:
                     idx = i * n + co.index
                     toks = co.delta_token_ids
@@ -114,14 +115,14 @@ class _Ctx:
                         lp = lps.get(idx) or lps.setdefault(idx, CompletionLogprobs(self.text))
                         body = lp.block(toks, co.delta_logprobs) if not (first and req.echo) else None
                         if first and req.echo:
-                            body = merge_blocks(self._echo_block(lp, i, out), lp.block(toks, co.delta_logprobs))
+                            body = merge_blocks(self._echo_block(lp, i, plps.get(i)), lp.block(toks, co.delta_logprobs))
                         logprobs = body
                     if first and req.echo:
                         text = self.prompts[i].text + text
                     choice = {"index": idx, "text": text, "logprobs": logprobs,
                               "finish_reason": co.finish_reason, "stop_reason": co.stop_reason}
                     if first and req.prompt_logprobs is not None:
-                        choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
+                        choice["prompt_logprobs"] = prompt_logprobs_json(plps.get(i))
                     started.add(idx)
                     chunk = {"id": self.rid, "object": "text_completion", "created": self.created,
                              "model": self.model, "choices": [choice]}

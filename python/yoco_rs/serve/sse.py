@@ -15,6 +15,7 @@ import json
 from typing import AsyncIterator, Awaitable, Optional, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 T = TypeVar("T")
 
@@ -36,16 +37,19 @@ async def _wait_disconnect(receive) -> None:
             return
 
 
-class EventStream:
+class EventStream(Response):
     """``text/event-stream`` response over an async generator of already-formatted SSE strings."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, gen: AsyncIterator[str], headers: Optional[dict] = None):
         self.gen = gen
-        self.headers = {"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})}
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
 
     async def __call__(self, scope, receive, send) -> None:
-        raw = [(b"content-type", b"text/event-stream; charset=utf-8")]
-        raw += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self.headers.items()]
+        raw = self.raw_headers
 
         async def pump():
             await send({"type": "http.response.start", "status": 200, "headers": raw})

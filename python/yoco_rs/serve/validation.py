@@ -206,18 +206,21 @@ def stop_strings(stop) -> Optional[list[str]]:
     raise bad_request(f"stop must be a string, a list of strings or null, got {_kind(stop)}", "stop")
 
 
-def context_error(limits: Limits, prompt_len: int, max_tokens: Optional[int], param: str) -> APIError:
+def context_error(limits: Limits, prompt_len: int, max_tokens: Optional[int], prompt_param: str) -> APIError:
+    """vLLM's wording, with the numbers and the value that would fit."""
     n = limits.max_model_len
-    if max_tokens is None:
+    if prompt_len >= n:
+        asked = (f" and you requested {max_tokens} output tokens, for a total of {prompt_len + max_tokens} tokens"
+                 if max_tokens is not None else "")
         return bad_request(
             f"This model's maximum context length is {n} tokens. However, your prompt contains {prompt_len} "
-            f"input tokens, which leaves no room for output tokens. Please reduce the length of the prompt "
-            f"to at most {n - 1} tokens.", param)
+            f"input tokens{asked}. The prompt must be at most {n - 1} tokens to leave room for at least one "
+            f"output token; please reduce the length of the prompt.", prompt_param)
     return bad_request(
         f"This model's maximum context length is {n} tokens. However, you requested {max_tokens} output tokens "
         f"and your prompt contains {prompt_len} input tokens, for a total of {prompt_len + max_tokens} tokens. "
         f"Please reduce the length of the prompt or the number of requested output tokens "
-        f"(max_tokens <= {max(n - prompt_len, 0)} fits this prompt).", "max_tokens")
+        f"(max_tokens <= {n - prompt_len} fits this prompt).", "max_tokens")
 
 
 def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max_tokens: Optional[int],
@@ -228,7 +231,7 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
                           f"got {max_tokens}", "max_tokens")
     room = limits.max_model_len - prompt_len
     if room < 1:
-        raise context_error(limits, prompt_len, None, prompt_param)
+        raise context_error(limits, prompt_len, max_tokens, prompt_param)
     if max_tokens is not None and max_tokens > room:
         raise context_error(limits, prompt_len, max_tokens, prompt_param)
     if logprobs is not None and logprobs > limits.max_logprobs:
