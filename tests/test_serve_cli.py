@@ -84,3 +84,19 @@ def test_console_script_help_and_bad_model_dir_exit_cleanly(tmp_path):
     r = subprocess.run([exe, str(tmp_path / "nope"), "--port", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "is not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_model_that_fails_to_load_exits_1_with_the_cause(tmp_path):
+    import shutil
+
+    from yoco_rs.bundled import default_model_dir
+
+    src = default_model_dir()
+    for name in os.listdir(src):
+        if name.endswith(".json"):
+            shutil.copy(os.path.join(src, name), tmp_path / name)  # no weights
+    exe = os.path.join(os.path.dirname(sys.executable), "yoco-serve")
+    r = subprocess.run([exe, str(tmp_path), "--port", "0", "--disable-progress"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 1
+    assert "the engine failed" in r.stderr and "no weights" in r.stderr

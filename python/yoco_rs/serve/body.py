@@ -32,7 +32,7 @@ async def read_json(request: Request) -> dict:
     except RecursionError:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
-        raise bad_request(f"request body must be a JSON object, got {_kind(obj)}")
+        raise bad_request(f"request body must be a JSON object, got {describe_kind(obj)}")
     return obj
 
 
@@ -81,13 +81,14 @@ def _brief(v) -> str:
     if isinstance(v, str):
         return repr(v if len(v) <= 40 else v[:40] + "...")
     if isinstance(v, (list, dict)):
-        return _kind(v)
+        return describe_kind(v)
     return json.dumps(v) if isinstance(v, (bool, int, float, type(None))) else type(v).__name__
 
 
-def _kind(v) -> str:
+def describe_kind(v) -> str:
+    """'an object', 'an array', 'a string', ... for messages about a JSON value."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
 
 
-__all__ = ["read_json", "parse_body", "validate", "validation_error"]
+__all__ = ["read_json", "parse_body", "validate", "validation_error", "describe_kind"]

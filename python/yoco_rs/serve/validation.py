@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
+from yoco_rs.serve.body import describe_kind as _kind
 from yoco_rs.serve.errors import APIError, bad_request, from_value_error
 from yoco_rs.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
@@ -270,11 +271,6 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
         return SamplingParams(**fields)
     except (ValueError, TypeError) as e:
         raise from_value_error(e) from None
-
-
-def _kind(v) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
 
 
 __all__ = ["Limits", "Prompt", "completion_prompts", "chat_prompt", "chat_messages", "render_chat", "truncate",
