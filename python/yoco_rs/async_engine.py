@@ -286,7 +286,7 @@ class AsyncEngine:
         elif self._loop is not loop:
             raise RuntimeError("an AsyncEngine is bound to the event loop it was first used from")
 
-    async def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None, *,
+    async def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                           request_id: Optional[str] = None, priority: int = 0) -> RequestStream:
         """Validate and tokenize now (``ValueError`` for bad input, ``EngineClosedError`` while
         shutting down, ``EngineDeadError`` when dead), queue the request, return its stream."""
@@ -318,7 +318,7 @@ class AsyncEngine:
             self._check_alive()
         return stream
 
-    async def stream(self, prompt: PromptType, params: Optional[SamplingParams] = None, *,
+    async def stream(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                      request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """``async for out in engine.stream(...)``: outputs as the request progresses (what each holds
         follows ``params.output_kind``; the last has ``finished=True``). Errors as ``add_request``;
@@ -330,7 +330,7 @@ class AsyncEngine:
         finally:
             await s.aclose()
 
-    async def generate(self, prompt: PromptType, params: Optional[SamplingParams] = None, *,
+    async def generate(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None, priority: int = 0) -> RequestOutput:
         """The final output of one request."""
         last = None

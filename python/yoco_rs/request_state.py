@@ -70,7 +70,7 @@ class SeqState:
 class RequestState:
     """One user request: its prompt, parameters, completions and timings."""
 
-    __slots__ = ("request_id", "prompt", "prompt_ids", "params", "seqs", "metrics", "num_finished",
+    __slots__ = ("request_id", "prompt", "prompt_ids", "prompt_list", "params", "seqs", "metrics", "num_finished",
                  "prompt_logprobs", "sent_prompt_logprobs", "num_cached_tokens", "priority", "done")
 
     def __init__(self, request_id: str, prompt: Optional[str], prompt_ids: np.ndarray, params: SamplingParams,
@@ -78,6 +78,8 @@ class RequestState:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = prompt_ids
+        self.prompt_list = prompt_ids.tolist()
+        """The prompt ids as a list, shared by every output of the request (do not mutate)."""
         self.params = params
         self.seqs: list[SeqState] = []
         self.metrics = RequestMetrics(arrival_time=arrival_time, num_prompt_tokens=len(prompt_ids))
@@ -105,7 +107,7 @@ class RequestState:
             plp = list(self.prompt_logprobs)
             self.sent_prompt_logprobs = True
         return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_ids.tolist(),
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_list,
             outputs=outs, finished=self.finished, prompt_logprobs=plp,
             num_cached_tokens=self.num_cached_tokens, metrics=self.metrics)
 

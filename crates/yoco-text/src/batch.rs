@@ -46,6 +46,13 @@ struct SeqText {
     stopped: bool,
 }
 
+impl SeqText {
+    /// Neither streamed nor searched for stop strings: decoded once when it finishes.
+    fn lazy(&self) -> bool {
+        !self.opts.stream && self.stops.is_empty()
+    }
+}
+
 /// What one [`TextBatch::step`] produced, as flat arrays over the step's input positions `k`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StepText {
@@ -117,7 +124,8 @@ impl TextBatch {
         self.seqs.is_empty()
     }
 
-    /// The request's text so far (stop string already cut).
+    /// The request's text so far (stop string already cut; empty until the end for requests that
+    /// neither stream nor have stop strings).
     pub fn text(&self, id: u64) -> Option<&str> {
         self.seqs.get(&id).map(|s| s.text.as_str())
     }
@@ -153,7 +161,17 @@ impl TextBatch {
             let skip = seq.opts.skip_special_tokens;
             let old_len = seq.text.len();
             let stop_token = code == FINISH_EOS || code == FINISH_STOP_TOKEN;
-            if tok >= 0 && !(stop_token && !seq.opts.include_stop_str_in_output) {
+            let decode_tok = tok >= 0 && !(stop_token && !seq.opts.include_stop_str_in_output);
+            if seq.lazy() {
+                // Nobody reads this text before the end: decode it once, at finish, the same way.
+                if code != 0 {
+                    let n = seq.tokens.len() - usize::from(tok >= 0 && !decode_tok);
+                    seq.decoder.extend(&seq.tokens[..n]);
+                    seq.text = seq.decoder.flush(&self.tok, skip)?;
+                }
+                continue;
+            }
+            if decode_tok {
                 let piece = seq.decoder.push(&self.tok, tok as u32, skip)?;
                 seq.text.push_str(&piece);
             }

@@ -33,6 +33,11 @@ impl IncrementalDecoder {
         self.emit(tok, skip_special, false)
     }
 
+    /// Appends tokens without decoding them (the next `push`/`flush` decodes them together).
+    pub fn extend(&mut self, ids: &[u32]) {
+        self.ids.extend_from_slice(ids);
+    }
+
     /// Emits whatever is still held back (an incomplete UTF-8 sequence decodes to U+FFFD), at finish.
     pub fn flush(&mut self, tok: &Tokenizer, skip_special: bool) -> Result<String, TextError> {
         if self.read_offset == self.ids.len() {

@@ -64,11 +64,21 @@ fn streamed_deltas_concatenate_to_the_whole_sequence_decode() {
         }
         let mut o = opts(&[], true);
         o.skip_special_tokens = skip;
-        b.add(7, &[], o).unwrap();
-        let (deltas, _) = run(&mut b, &ids, 3);
+        b.add(7, &[], o.clone()).unwrap();
+        // Request 8: the same tokens, not streamed (decoded once at finish).
+        o.stream = false;
+        b.add(8, &[], o).unwrap();
+        let mut deltas = vec![];
+        for (i, &t) in ids.iter().enumerate() {
+            let code = if i + 1 == ids.len() { 3 } else { 0 };
+            let out = b.step(&[8, 7], &[t as i32, t as i32], &[code, code]).unwrap();
+            assert!(out.delta_idx.iter().all(|&k| k == 1));
+            deltas.extend(out.deltas.iter().cloned());
+        }
         let whole = b.tokenizer().decode(&ids, skip).unwrap();
         assert_eq!(deltas.concat(), whole, "case {case}: ids {ids:?}");
-        assert_eq!(b.take(7).unwrap(), (whole, ids.clone()));
+        assert_eq!(b.take(7).unwrap(), (whole.clone(), ids.clone()));
+        assert_eq!(b.take(8).unwrap(), (whole, ids.clone()));
     }
 }
 

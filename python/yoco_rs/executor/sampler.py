@@ -184,11 +184,16 @@ class Sampler:
             return SampleOutput(torch.zeros(0, dtype=torch.int32))
         dev = logits.device
         rows = np.asarray(rows, dtype=np.int64)
-        cp = torch.from_numpy(np.asarray(cross_pos, dtype=np.int64)).to(dev, non_blocking=True)
-        lg = logits.index_select(0, cp).float()
-        V = lg.shape[1]
         f = self.f32[:, rows]  # [7, S]
         greedy = f[6] > 0
+        cross_pos = np.asarray(cross_pos, dtype=np.int64)
+        mt = np.nonzero(self.min_tokens[rows] > self.num_out[rows])[0]
+        pen = np.nonzero((f[3] != 0) | (f[4] != 0) | (f[5] != 1))[0]
+        if logits.shape[0] == s and not len(mt) and not len(pen) and np.array_equal(cross_pos, np.arange(s)):
+            lg = logits.float()  # pure decode, nothing edits the logits in place: no copy
+        else:
+            lg = logits.index_select(0, torch.from_numpy(cross_pos).to(dev, non_blocking=True)).float()
+        V = lg.shape[1]
         out = SampleOutput(sampled=None)  # type: ignore[arg-type]
 
         # Raw logprobs (before any processing), for the rows that asked.
@@ -196,7 +201,6 @@ class Sampler:
         raw_lp = torch.log_softmax(lg.index_select(0, _t(lp_rows, dev)), dim=-1) if len(lp_rows) else None
 
         # min_tokens: EOS and stop ids cannot be sampled yet.
-        mt = np.nonzero(self.min_tokens[rows] > self.num_out[rows])[0]
         if len(mt):
             ids = _t(self.stop_ids[rows[mt]], dev)
             sub = torch.nn.functional.pad(lg.index_select(0, _t(mt, dev)), (0, 1))
@@ -204,7 +208,6 @@ class Sampler:
             lg[_t(mt, dev)] = sub[:, :V]
 
         # Penalties.
-        pen = np.nonzero((f[3] != 0) | (f[4] != 0) | (f[5] != 1))[0]
         if len(pen) and self.counts is not None:
             pr = _t(rows[pen], dev)
             pt = _t(pen, dev)
@@ -220,7 +223,9 @@ class Sampler:
 
         sampled = torch.empty(s, dtype=torch.int64, device=dev)
         g = np.nonzero(greedy)[0]
-        if len(g):
+        if len(g) == s:
+            sampled = lg.argmax(dim=-1)
+        elif len(g):
             gt = _t(g, dev)
             sampled[gt] = lg.index_select(0, gt).argmax(dim=-1)
         rnd = np.nonzero(~greedy)[0]
