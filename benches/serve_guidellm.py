@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,29 @@ def summarize(report: dict) -> list[dict]:
     return rows
 
 
+def run_config(name: str, rnd: int, levels: list[int], args, json_dir: str) -> dict:
+    srv = Server(["--max-model-len", "2048", *CONFIGS[name]], args.server_threads)
+    try:
+        before = srv.counters()
+        t0 = time.monotonic()
+        report = run_guidellm(srv.url, os.path.join(json_dir, f"{name}-{rnd}.json"), levels=levels,
+                              requests=args.requests, prompt_tokens=args.prompt_tokens,
+                              prefix_tokens=args.prefix_tokens, prefix_count=args.prefix_count,
+                              output_tokens=args.output_tokens, api=args.api)
+        wall = time.monotonic() - t0
+        after = srv.counters()
+    finally:
+        srv.stop()
+    rows = summarize(report)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    gl = (sum(r["prompt_tokens"] for r in rows), sum(r["output_tokens"] for r in rows))
+    srv_counts = (d["yoco:prompt_tokens_total"], d["yoco:generation_tokens_total"])
+    return dict(rows=rows, wall=wall, gl=gl, srv=srv_counts,
+                match=round(gl[0]) == srv_counts[0] and round(gl[1]) == srv_counts[1],
+                hit=d["yoco:prefix_cache_hits_total"] / max(d["yoco:prefix_cache_queries_total"], 1),
+                cross=d["yoco:cross_decoder_rows_total"] / max(d["yoco:scheduled_tokens_total"], 1))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="fp+pc,fp,pc,none", help=f"comma list of {sorted(CONFIGS)}")
@@ -139,49 +163,49 @@ def main(argv=None) -> int:
     ap.add_argument("--api", default="/v1/completions", choices=("/v1/completions", "/v1/chat/completions"))
     ap.add_argument("--server-threads", type=int, default=1, help="OMP_NUM_THREADS of the server")
     ap.add_argument("--json-dir", default=None, help="keep GuideLLM's JSON reports here")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the configs this many times, alternating their order (ABCD DCBA ...); the table "
+                         "shows the median per config and concurrency (the box is shared and noisy)")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
-    results, mismatches = {}, []
+    names = args.configs.split(",")
+    runs: dict[str, list] = {n: [] for n in names}
+    mismatches = []
     json_dir = args.json_dir or tempfile.mkdtemp(prefix="yoco-guidellm-")
-    for name in args.configs.split(","):
-        srv = Server(["--max-model-len", "2048", *CONFIGS[name]], args.server_threads)
-        try:
-            before = srv.counters()
-            t0 = time.monotonic()
-            report = run_guidellm(srv.url, os.path.join(json_dir, f"{name}.json"), levels=levels,
-                                  requests=args.requests, prompt_tokens=args.prompt_tokens,
-                                  prefix_tokens=args.prefix_tokens, prefix_count=args.prefix_count,
-                                  output_tokens=args.output_tokens, api=args.api)
-            wall = time.monotonic() - t0
-            after = srv.counters()
-        finally:
-            srv.stop()
-        rows = summarize(report)
-        d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        gl_prompt = sum(r["prompt_tokens"] for r in rows)
-        gl_output = sum(r["output_tokens"] for r in rows)
-        srv_prompt, srv_output = d["yoco:prompt_tokens_total"], d["yoco:generation_tokens_total"]
-        match = round(gl_prompt) == srv_prompt and round(gl_output) == srv_output
-        if not match:
-            mismatches.append(name)
-        results[name] = dict(rows=rows, wall=wall, match=match, gl=(gl_prompt, gl_output), srv=(srv_prompt, srv_output),
-                             hit=d["yoco:prefix_cache_hits_total"] / max(d["yoco:prefix_cache_queries_total"], 1),
-                             cross=d["yoco:cross_decoder_rows_total"] / max(d["yoco:scheduled_tokens_total"], 1))
-        print(f"[{name}] done in {wall:.0f} s; tokens GuideLLM {gl_prompt:.0f}/{gl_output:.0f} vs server "
-              f"{srv_prompt:.0f}/{srv_output:.0f} ({'match' if match else 'MISMATCH'})", file=sys.stderr)
+    for rnd in range(args.rounds):
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            res = run_config(name, rnd, levels, args, json_dir)
+            runs[name].append(res)
+            if not res["match"]:
+                mismatches.append(name)
+            print(f"[{name} round {rnd}] done in {res['wall']:.0f} s; tokens GuideLLM {res['gl'][0]:.0f}/"
+                  f"{res['gl'][1]:.0f} vs server {res['srv'][0]:.0f}/{res['srv'][1]:.0f} "
+                  f"({'match' if res['match'] else 'MISMATCH'})", file=sys.stderr)
+
+    def med(name, level, key):
+        return statistics.median(r[key] for res in runs[name] for r in res["rows"] if r["concurrency"] == level)
 
     print(f"\nWorkload: GuideLLM 0.8.1 concurrent profile, {args.requests} requests per level, synthetic text with "
           f"{args.prefix_count} shared prefixes of {args.prefix_tokens} tokens + {args.prompt_tokens} unique prompt "
-          f"tokens, {args.output_tokens} output tokens (ignore_eos), {args.api}. Configs: fp = fast prefill "
-          f"(--kv-sharing-fast-prefill), pc = prefix caching.\n")
+          f"tokens, {args.output_tokens} output tokens (ignore_eos), {args.api}; {args.rounds} round(s), medians. "
+          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching.\n")
     print("| config | concurrency | TTFT p50 ms | TTFT p95 ms | ITL mean ms | ITL p50 ms | output tok/s | "
-          "prefix hit rate | cross rows / scheduled | tokens (GuideLLM = server) |")
+          "prefix hit rate | cross rows / scheduled | GuideLLM tokens = server's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, res in results.items():
-        for r in res["rows"]:
-            print(f"| {name} | {r['concurrency']} | {r['ttft_p50']:.1f} | {r['ttft_p95']:.1f} | {r['itl_mean']:.2f} | "
-                  f"{r['itl_p50']:.2f} | {r['out_tps']:.0f} | {res['hit']:.2f} | {res['cross']:.3f} | "
-                  f"{'yes' if res['match'] else 'NO'} ({res['gl'][0]:.0f}/{res['gl'][1]:.0f}) |")
+    for name in names:
+        last = runs[name][-1]
+        for lv in levels:
+            print(f"| {name} | {lv} | {med(name, lv, 'ttft_p50'):.1f} | {med(name, lv, 'ttft_p95'):.1f} | "
+                  f"{med(name, lv, 'itl_mean'):.2f} | {med(name, lv, 'itl_p50'):.2f} | {med(name, lv, 'out_tps'):.0f} | "
+                  f"{last['hit']:.2f} | {last['cross']:.3f} | "
+                  f"{'yes' if all(r['match'] for r in runs[name]) else 'NO'} ({last['gl'][0]:.0f}/{last['gl'][1]:.0f}) |")
+    if "none" in names:
+        print("\nTTFT p50 relative to `none` (same run; lower is better):\n")
+        print("| concurrency | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        for lv in levels:
+            base = med("none", lv, "ttft_p50")
+            print(f"| {lv} | " + " | ".join(f"{med(n, lv, 'ttft_p50') / base:.2f}" for n in names) + " |")
     if mismatches:
         print(f"token counts differ for: {mismatches}", file=sys.stderr)
         return 1

@@ -87,11 +87,11 @@ def create_app(engine, settings: Optional[ServerSettings] = None, *,
     # ---- OpenAI API ---------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _respond(create_completion(state, request, {}))
+        return await _respond(create_completion(state, request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _respond(create_chat_completion(state, request, {}))
+        return await _respond(create_chat_completion(state, request))
 
     @app.get("/v1/models")
     async def models():

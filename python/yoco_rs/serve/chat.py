@@ -14,7 +14,7 @@ from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, ss
 from yoco_rs.serve.validation import chat_prompt, reject_unsupported, sampling_params, truncate
 
 
-async def create_chat_completion(state, request: Request, headers: dict):
+async def create_chat_completion(state, request: Request):
     req = await parse_body(request, ChatCompletionRequest)
     model = state.check_model(req.model)
     state.ensure_serving()
@@ -32,7 +32,7 @@ async def create_chat_completion(state, request: Request, headers: dict):
     streams = await submit(state, [prompt], [sp], rid, priority=req.priority, cache_salt=req.cache_salt)
     ctx = _Ctx(state, req, model, rid, len(prompt.token_ids))
     if stream:
-        return EventStream(ctx.chunks(streams), headers=headers)
+        return EventStream(ctx.chunks(streams))
     (out,) = await cancel_on_disconnect(request, final_outputs(state, streams))
     return ctx.response(out)
 

@@ -17,7 +17,7 @@ from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, ss
 from yoco_rs.serve.validation import completion_prompts, reject_unsupported, sampling_params, truncate
 
 
-async def create_completion(state, request: Request, headers: dict):
+async def create_completion(state, request: Request):
     req = await parse_body(request, CompletionRequest)
     model = state.check_model(req.model)
     state.ensure_serving()
@@ -41,7 +41,7 @@ async def create_completion(state, request: Request, headers: dict):
     streams = await submit(state, prompts, params, rid, priority=req.priority, cache_salt=req.cache_salt)
     ctx = _Ctx(state, req, model, rid, prompts)
     if stream:
-        return EventStream(ctx.chunks(streams), headers=headers)
+        return EventStream(ctx.chunks(streams))
     outs = await cancel_on_disconnect(request, final_outputs(state, streams))
     return ctx.response(outs)
 
