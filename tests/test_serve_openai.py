@@ -228,3 +228,27 @@ def test_load_generator_request_shape_is_accepted(srv):
     import json
     last = json.loads(lines[-2][6:])
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+
+
+def test_echo_prepends_the_prompt_and_its_logprobs(srv, client):
+    prompt = "Echo this prompt"
+    n_prompt = len(tokenize(srv, prompt))
+    r = client.completions.create(model="yoco-tiny", prompt=prompt, max_tokens=3, echo=True, logprobs=1,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(model="yoco-tiny", prompt=prompt, max_tokens=3, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert r.choices[0].text == prompt + plain.choices[0].text
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == n_prompt + 3
+    assert lp.token_logprobs[0] is None and all(x is not None for x in lp.token_logprobs[1:])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="yoco-tiny", prompt=prompt, max_tokens=3, echo=True, temperature=0, stream=True,
+        extra_body={"ignore_eos": True}) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_model_card_lookup_and_ping(srv, client):
+    assert client.models.retrieve("tiny-alias").id == "tiny-alias"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+    assert httpx.get(srv.url + "/ping").status_code == 200
