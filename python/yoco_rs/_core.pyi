@@ -32,8 +32,9 @@ class CapacityError(ValueError):
 class StepPlan:
     """One step's plan: R rows, T tokens (T_pad padded), S samplers, X cross rows (X_pad padded), C copies.
 
-    Every array attribute is a numpy view created on first access and cached (``plan.x is plan.x``);
-    views keep the plan alive.
+    Every array attribute is a zero-copy numpy view of a Rust buffer, created per access in O(1) (fetch
+    each once per step); views keep the plan alive. When the plan and its views are gone, the scheduler
+    reuses the buffers. Do not write into the views.
     """
 
     @property
@@ -173,7 +174,8 @@ class Scheduler:
     def update(self, sampled: npt.NDArray[np.int32] | Sequence[int]) -> StepOutcome:
         """One sampled id per ``logits_indices`` entry of the last plan."""
     def block_tables(self) -> list[npt.NDArray[np.int32]]:
-        """Per group, the persistent [max_num_seqs, max_blocks_per_seq] table (updated in place)."""
+        """Per group, the persistent [max_num_seqs, max_blocks_per_seq] table: views of Rust buffers that
+        ``schedule()`` updates in place (rows listed in ``plan.dirty_rows``). Fetch once; never write."""
     @property
     def max_blocks_per_seq(self) -> int: ...
     @property

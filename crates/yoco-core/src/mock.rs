@@ -31,11 +31,15 @@ pub fn mix64(mut z: u64) -> u64 {
 
 #[inline]
 fn mix3(prev: u64, token: u32, pos: u64) -> u64 {
-    mix64(prev ^ mix64(((token as u64) << 32 | (pos & 0xFFFF_FFFF)).wrapping_add(0x9E37_79B9_7F4A_7C15)))
+    mix64(
+        prev ^ mix64(
+            ((token as u64) << 32 | (pos & 0xFFFF_FFFF)).wrapping_add(0x9E37_79B9_7F4A_7C15),
+        ),
+    )
 }
 
 /// Value of "position -1": the seed of every chain.
-const SEED: u64 = 0x5EED_0F_C0DE;
+const SEED: u64 = 0x005E_ED0F_C0DE;
 /// What a read through a null/out-of-range table entry yields: poisons the stream.
 const POISON: u64 = 0xDEAD_BEEF_DEAD_BEEF;
 
@@ -54,7 +58,9 @@ impl TimingModel {
         if plan.num_rows() == 0 {
             return 0.0;
         }
-        self.base_us + self.per_token_us * plan.num_tokens as f64 + self.per_cross_row_us * plan.num_cross as f64
+        self.base_us
+            + self.per_token_us * plan.num_tokens as f64
+            + self.per_cross_row_us * plan.num_cross as f64
     }
 }
 
@@ -102,11 +108,19 @@ impl MockExecutor {
 
     /// KV-simulating mode over pools of `num_blocks[g]` blocks of `block_size` tokens, reading
     /// block tables `[.., max_blocks_per_seq]`.
-    pub fn simulating_kv(mut self, num_blocks: &[u32], block_size: u32, max_blocks_per_seq: usize) -> Self {
+    pub fn simulating_kv(
+        mut self,
+        num_blocks: &[u32],
+        block_size: u32,
+        max_blocks_per_seq: usize,
+    ) -> Self {
         self.kv = Some(SimKv {
             block_size,
             max_blocks: max_blocks_per_seq,
-            slots: num_blocks.iter().map(|&n| vec![POISON; n as usize * block_size as usize]).collect(),
+            slots: num_blocks
+                .iter()
+                .map(|&n| vec![POISON; n as usize * block_size as usize])
+                .collect(),
         });
         self
     }
@@ -114,7 +128,11 @@ impl MockExecutor {
     /// KV-simulating mode sized for `sched`.
     pub fn simulating_kv_of(self, sched: &crate::sched::Scheduler) -> Self {
         let c = sched.config();
-        self.simulating_kv(&c.kv.num_blocks, c.kv.block_size, sched.max_blocks_per_seq())
+        self.simulating_kv(
+            &c.kv.num_blocks,
+            c.kv.block_size,
+            sched.max_blocks_per_seq(),
+        )
     }
 
     pub fn with_timing(mut self, timing: TimingModel) -> Self {
@@ -202,7 +220,12 @@ impl SimKv {
     fn run(&mut self, plan: &StepPlan, tables: &[&[i32]], vals: &mut Vec<u64>) {
         let bs = self.block_size as usize;
         for op in plan.kv_copies.chunks_exact(4) {
-            let (g, src, dst, n) = (op[0] as usize, op[1] as usize, op[2] as usize, op[3] as usize);
+            let (g, src, dst, n) = (
+                op[0] as usize,
+                op[1] as usize,
+                op[2] as usize,
+                op[3] as usize,
+            );
             self.slots[g].copy_within(src * bs..src * bs + n, dst * bs);
         }
         let t_pad = plan.num_tokens_padded as usize;
@@ -218,7 +241,8 @@ impl SimKv {
                     let prev = if pos == 0 {
                         SEED
                     } else {
-                        self.slot_of(table, row, pos - 1).map_or(POISON, |s| self.slots[g][s])
+                        self.slot_of(table, row, pos - 1)
+                            .map_or(POISON, |s| self.slots[g][s])
                     };
                     let v = mix3(prev, plan.input_ids[t] as u32, pos as u64);
                     let s = plan.slot_mapping[g * t_pad + t] as usize;

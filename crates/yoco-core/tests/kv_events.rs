@@ -37,7 +37,13 @@ fn storing_evicting_and_resetting_full_blocks() {
         let ev = m.take_events();
         assert_eq!(
             ev.last(),
-            Some(&KvEvent::Stored { group: 0, parent: None, hashes: u64s(&r), token_ids: t.clone(), block_size: 16 })
+            Some(&KvEvent::Stored {
+                group: 0,
+                parent: None,
+                hashes: u64s(&r),
+                token_ids: t.clone(),
+                block_size: 16
+            })
         );
         assert!(m.take_events().is_empty(), "take_events drains");
         let first = u64s(&r);
@@ -75,13 +81,31 @@ fn a_big_block_stores_one_event_per_run_at_sub_block_size() {
     let mut r = seq(&m, &t);
     prefill(&mut m, &mut r, 32);
     let ev = m.take_events();
-    assert_eq!(ev, vec![KvEvent::Stored { group: 0, parent: None, hashes: u64s(&r), token_ids: t.clone(), block_size: 4 }]);
+    assert_eq!(
+        ev,
+        vec![KvEvent::Stored {
+            group: 0,
+            parent: None,
+            hashes: u64s(&r),
+            token_ids: t.clone(),
+            block_size: 4
+        }]
+    );
     // partial, then full: only the new suffix is stored, with the previous hash as parent
     let mut toks: Vec<u32> = (0..6).collect();
     let mut r2 = seq(&m, &toks);
     prefill(&mut m, &mut r2, 6);
     let ev = m.take_events();
-    assert_eq!(ev, vec![KvEvent::Stored { group: 0, parent: None, hashes: u64s(&r2), token_ids: toks[..4].to_vec(), block_size: 4 }]);
+    assert_eq!(
+        ev,
+        vec![KvEvent::Stored {
+            group: 0,
+            parent: None,
+            hashes: u64s(&r2),
+            token_ids: toks[..4].to_vec(),
+            block_size: 4
+        }]
+    );
     toks.extend(6..16);
     m.hash_tokens(&mut r2, &toks);
     m.allocate(&mut r2, None, 6, 10, 0).unwrap();
@@ -89,7 +113,13 @@ fn a_big_block_stores_one_event_per_run_at_sub_block_size() {
     let h = u64s(&r2);
     assert_eq!(
         m.take_events(),
-        vec![KvEvent::Stored { group: 0, parent: Some(h[0]), hashes: h[1..].to_vec(), token_ids: toks[4..16].to_vec(), block_size: 4 }]
+        vec![KvEvent::Stored {
+            group: 0,
+            parent: Some(h[0]),
+            hashes: h[1..].to_vec(),
+            token_ids: toks[4..16].to_vec(),
+            block_size: 4
+        }]
     );
     m.free(r);
     m.free(r2);
@@ -114,11 +144,20 @@ fn duplicate_holders_store_once_and_remove_at_the_last_holder() {
     // evict one holder, then the other
     let mut x = seq(&m, &run(50, 9));
     admit(&mut m, &mut x, 9).unwrap(); // 2 blocks: the never-used one and one cached holder
-    assert!(m.take_events().is_empty(), "the other holder still has the hashes");
+    assert!(
+        m.take_events().is_empty(),
+        "the other holder still has the hashes"
+    );
     let mut y = seq(&m, &run(51, 3));
     admit(&mut m, &mut y, 3).unwrap();
     let h = u64s(&seq(&m, &t));
-    assert_eq!(m.take_events(), vec![KvEvent::Removed { group: 0, hashes: h }]);
+    assert_eq!(
+        m.take_events(),
+        vec![KvEvent::Removed {
+            group: 0,
+            hashes: h
+        }]
+    );
     m.free(x);
     m.free(y);
 }
@@ -135,8 +174,12 @@ fn stored_parent_is_the_logical_chain_hash_even_behind_null_entries() {
     prefill(&mut m, &mut r0, 12);
     let ev = m.take_events();
     assert_eq!(ev.len(), 2);
-    assert!(matches!(&ev[0], KvEvent::Stored { group: 0, parent: None, hashes, .. } if hashes.len() == 3));
-    assert!(matches!(&ev[1], KvEvent::Stored { group: 1, parent: None, hashes, .. } if hashes.len() == 3));
+    assert!(
+        matches!(&ev[0], KvEvent::Stored { group: 0, parent: None, hashes, .. } if hashes.len() == 3)
+    );
+    assert!(
+        matches!(&ev[1], KvEvent::Stored { group: 1, parent: None, hashes, .. } if hashes.len() == 3)
+    );
     let mut r1 = seq(&m, &t);
     let (hit, _) = prefill(&mut m, &mut r1, 16);
     assert_eq!(hit, 12);
@@ -145,7 +188,13 @@ fn stored_parent_is_the_logical_chain_hash_even_behind_null_entries() {
     for (g, e) in m.take_events().iter().enumerate() {
         assert_eq!(
             e,
-            &KvEvent::Stored { group: g as u32, parent: Some(h[2]), hashes: vec![h[3]], token_ids: t[12..].to_vec(), block_size: 4 }
+            &KvEvent::Stored {
+                group: g as u32,
+                parent: Some(h[2]),
+                hashes: vec![h[3]],
+                token_ids: t[12..].to_vec(),
+                block_size: 4
+            }
         );
     }
     m.free(r0);
@@ -160,7 +209,17 @@ fn explicit_eviction_emits_removed_for_orphaned_hashes() {
     prefill(&mut m, &mut r, 8);
     m.take_events();
     m.evict_cached_blocks(0, &[r.table(0)[0]]);
-    assert_eq!(m.take_events(), vec![KvEvent::Removed { group: 0, hashes: u64s(&r) }]);
+    assert_eq!(
+        m.take_events(),
+        vec![KvEvent::Removed {
+            group: 0,
+            hashes: u64s(&r)
+        }]
+    );
     m.free(r);
-    assert_eq!(m.free_block_ids(0)[0], 1, "an evicted block is reused first");
+    assert_eq!(
+        m.free_block_ids(0)[0],
+        1,
+        "an evicted block is reused first"
+    );
 }

@@ -21,7 +21,10 @@ fn prefill_shares_full_blocks_and_frees_in_lru_order() {
     assert_eq!(prefill(&mut m, &mut r0, 55).0, 0);
     assert_eq!(r0.table(0), &[1, 2, 3, 4]);
     for b in 1..=3 {
-        assert_eq!(m.indexed_hashes(0, b), &r0.sub_block_hashes()[b as usize - 1..b as usize]);
+        assert_eq!(
+            m.indexed_hashes(0, b),
+            &r0.sub_block_hashes()[b as usize - 1..b as usize]
+        );
         assert_eq!(m.ref_count(0, b), 1);
     }
     assert!(m.indexed_hashes(0, 4).is_empty());
@@ -43,7 +46,11 @@ fn prefill_shares_full_blocks_and_frees_in_lru_order() {
     let t2 = cat(&[&common(), &run(5, 6)]);
     let mut r2 = seq(&m, &t2);
     assert_eq!(prefill(&mut m, &mut r2, 54).0, 48);
-    assert_eq!(r2.table(0), &[1, 2, 3, 5], "the partial block is reused from the head");
+    assert_eq!(
+        r2.table(0),
+        &[1, 2, 3, 5],
+        "the partial block is reused from the head"
+    );
     assert_eq!(m.num_free_blocks(0), 6);
     m.free(r2);
 
@@ -66,7 +73,11 @@ fn prompt_logprobs_request_writes_the_cache_but_never_reads_it() {
     assert_eq!(prefill(&mut m, &mut r0, 55).0, 0);
     assert_eq!(m.indexed_hashes(0, 3).len(), 1, "r0 still writes the cache");
     let mut r1 = seq(&m, &cat(&[&common(), &run(4, 5)]));
-    assert_eq!(prefill(&mut m, &mut r1, 53).0, 48, "a normal request reads r0's blocks");
+    assert_eq!(
+        prefill(&mut m, &mut r1, 53).0,
+        48,
+        "a normal request reads r0's blocks"
+    );
     let mut r2 = m.new_seq(HashExtras::default(), true);
     m.hash_tokens(&mut r2, &cat(&[&common(), &run(5, 6)]));
     assert!(m.lookup(&r2, 54).is_none());
@@ -74,7 +85,11 @@ fn prompt_logprobs_request_writes_the_cache_but_never_reads_it() {
     assert_eq!(r2.table(0), &[6, 7, 8, 9]);
     for b in 6..=8u32 {
         assert_eq!(m.ref_count(0, b), 1);
-        assert_eq!(m.indexed_hashes(0, b), m.indexed_hashes(0, b - 5), "duplicate holders are allowed");
+        assert_eq!(
+            m.indexed_hashes(0, b),
+            m.indexed_hashes(0, b - 5),
+            "duplicate holders are allowed"
+        );
         assert_eq!(m.holders(0, &m.indexed_hashes(0, b)[0]).len(), 2);
     }
     m.check_invariants([&r0, &r1, &r2]).unwrap();
@@ -96,14 +111,21 @@ fn decode_fills_the_last_block_then_takes_exactly_one_more() {
     let a = m.allocate(&mut r, None, 55, 4, 0).unwrap();
     assert_eq!(a.num_new_blocks, 0);
     execute(&mut m, &mut r, 59);
-    assert!(m.indexed_hashes(0, 4).is_empty(), "59 tokens: the last block is still partial");
+    assert!(
+        m.indexed_hashes(0, 4).is_empty(),
+        "59 tokens: the last block is still partial"
+    );
     toks.extend(run(3, 19));
     m.hash_tokens(&mut r, &toks);
     let a = m.allocate(&mut r, None, 59, 19, 0).unwrap();
     assert_eq!(a.num_new_blocks, 1);
     assert_eq!(r.table(0), &[1, 2, 3, 4, 5]);
     execute(&mut m, &mut r, 78);
-    assert_eq!(m.indexed_hashes(0, 4), &r.sub_block_hashes()[3..4], "the previous last block is now cached");
+    assert_eq!(
+        m.indexed_hashes(0, 4),
+        &r.sub_block_hashes()[3..4],
+        "the previous last block is now cached"
+    );
     assert!(m.indexed_hashes(0, 5).is_empty());
     m.check_invariants([&r]).unwrap();
     m.free(r);
@@ -183,7 +205,11 @@ fn caching_disabled_never_hits_and_runs_out_of_blocks() {
     assert_eq!(r1.table(0).len(), 4);
     let mut r2 = seq(&m, &t[..4]);
     assert_eq!(admit(&mut m, &mut r2, 4), Err(NoSpace));
-    assert_eq!(m.metrics().prefix_query_tokens, 0, "no queries are counted with caching off");
+    assert_eq!(
+        m.metrics().prefix_query_tokens,
+        0,
+        "no queries are counted with caching off"
+    );
     m.check_invariants([&r1, &r2]).unwrap();
     m.free(r1);
     m.free(r2);
@@ -195,13 +221,22 @@ fn cache_salt_separates_namespaces() {
     let mut m = full_mgr(16, 16, 20);
     let t = cat(&[&common(), &run(7, 3)]);
     let salted = |m: &KvManager, s: &str| {
-        let mut q = m.new_seq(HashExtras { cache_salt: Some(s.into()), lora: None }, false);
+        let mut q = m.new_seq(
+            HashExtras {
+                cache_salt: Some(s.into()),
+                lora: None,
+            },
+            false,
+        );
         m.hash_tokens(&mut q, &t);
         q
     };
     let mut r0 = salted(&m, "a");
     prefill(&mut m, &mut r0, 51);
-    assert_eq!(m.lookup(&salted(&m, "a"), 51).map(|h| h.num_tokens), Some(48));
+    assert_eq!(
+        m.lookup(&salted(&m, "a"), 51).map(|h| h.num_tokens),
+        Some(48)
+    );
     assert!(m.lookup(&salted(&m, "b"), 51).is_none());
     assert!(m.lookup(&seq(&m, &t), 51).is_none());
     // the salt enters only the first sub-block's hash (it is still in every later hash through the chain)
@@ -233,8 +268,15 @@ fn failed_admission_with_hits_leaves_ref_counts_unchanged() {
     assert_eq!(hit.num_tokens, 96, "3 live + 3 free cached blocks");
     let before: Vec<u32> = (1..=10).map(|b| m.ref_count(0, b)).collect();
     let free_before = m.free_block_ids(0);
-    assert_eq!(m.allocate(&mut r3, Some(&hit), 96, 48, 144), Err(NoSpace), "3 new + 3 evictable hit blocks > 5 free");
-    assert_eq!((1..=10).map(|b| m.ref_count(0, b)).collect::<Vec<_>>(), before);
+    assert_eq!(
+        m.allocate(&mut r3, Some(&hit), 96, 48, 144),
+        Err(NoSpace),
+        "3 new + 3 evictable hit blocks > 5 free"
+    );
+    assert_eq!(
+        (1..=10).map(|b| m.ref_count(0, b)).collect::<Vec<_>>(),
+        before
+    );
     assert_eq!(m.free_block_ids(0), free_before);
     assert!(r3.table(0).is_empty());
     m.check_invariants([&r0, &r2, &r3]).unwrap();
@@ -250,7 +292,11 @@ fn reset_fails_while_blocks_are_held_then_clears_every_hash() {
     let mut r0 = seq(&m, &cat(&[&common(), &run(3, 7)]));
     prefill(&mut m, &mut r0, 55);
     assert!(!m.reset_prefix_cache());
-    assert_eq!(m.num_indexed_hashes(0), 3, "a failed reset leaves the index alone");
+    assert_eq!(
+        m.num_indexed_hashes(0),
+        3,
+        "a failed reset leaves the index alone"
+    );
     m.free(r0);
     assert!(m.reset_prefix_cache());
     assert_eq!(m.num_indexed_hashes(0), 0);
@@ -310,7 +356,15 @@ fn prefix_metrics_count_each_admission_once() {
     prefill(&mut m, &mut r1, 55);
     let k = m.metrics();
     assert_eq!((k.prefix_query_tokens, k.prefix_hit_tokens), (110, 48));
-    assert_eq!((k.blocks_total, k.blocks_used, k.blocks_free, k.blocks_cached), (10, 5, 5, 0));
+    assert_eq!(
+        (
+            k.blocks_total,
+            k.blocks_used,
+            k.blocks_free,
+            k.blocks_cached
+        ),
+        (10, 5, 5, 0)
+    );
     m.free(r0);
     m.free(r1);
     let k = m.metrics();

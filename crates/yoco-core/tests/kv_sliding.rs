@@ -18,7 +18,12 @@ fn swa_pattern(pattern: &[bool]) -> (KvManager, Vec<u32>, Vec<BlockId>) {
     prefill(&mut m, &mut r, n);
     let ids = r.table(0).to_vec();
     m.free(r);
-    let gone: Vec<BlockId> = ids.iter().zip(pattern).filter(|(_, &p)| !p).map(|(&b, _)| b).collect();
+    let gone: Vec<BlockId> = ids
+        .iter()
+        .zip(pattern)
+        .filter(|(_, &p)| !p)
+        .map(|(&b, _)| b)
+        .collect();
     m.evict_cached_blocks(0, &gone);
     (m, t, ids)
 }
@@ -44,13 +49,25 @@ fn sliding_hits_need_only_the_blocks_in_the_window_before_the_hit() {
         t.push(9999); // room for the whole pattern under the num_tokens - 1 cap
         let mut r = seq(&m, &t);
         let hit = m.lookup(&r, t.len());
-        assert_eq!(hit.as_ref().map_or(0, |h| h.num_tokens as usize), want_blocks * 2, "{pattern:?}");
+        assert_eq!(
+            hit.as_ref().map_or(0, |h| h.num_tokens as usize),
+            want_blocks * 2,
+            "{pattern:?}"
+        );
         if let Some(hit) = hit {
-            m.allocate(&mut r, Some(&hit), hit.num_tokens as usize, 1, t.len()).unwrap();
+            m.allocate(&mut r, Some(&hit), hit.num_tokens as usize, 1, t.len())
+                .unwrap();
             let tab = r.table(0);
             let skip = want_blocks.saturating_sub(2);
-            assert!(tab[..skip].iter().all(|&b| b == NULL_BLOCK), "{pattern:?}: {tab:?}");
-            assert_eq!(&tab[skip..want_blocks], &ids[skip..want_blocks], "{pattern:?}");
+            assert!(
+                tab[..skip].iter().all(|&b| b == NULL_BLOCK),
+                "{pattern:?}: {tab:?}"
+            );
+            assert_eq!(
+                &tab[skip..want_blocks],
+                &ids[skip..want_blocks],
+                "{pattern:?}"
+            );
         }
         m.check_invariants([&r]).unwrap();
         m.free(r);
@@ -99,7 +116,11 @@ fn window_release_frees_the_longer_prefix_first() {
     let ids = r.table(0).to_vec();
     m.allocate(&mut r, None, 7, 1, 0).unwrap(); // skips 4 tokens: blocks 0 and 1 at once
     let free = m.free_block_ids(0);
-    assert_eq!(&free[free.len() - 2..], &[ids[1], ids[0]], "block 1 (longer prefix) is evicted first");
+    assert_eq!(
+        &free[free.len() - 2..],
+        &[ids[1], ids[0]],
+        "block 1 (longer prefix) is evicted first"
+    );
     m.free(r);
 }
 
@@ -136,7 +157,8 @@ fn null_entries_and_live_hit_blocks_cost_no_free_blocks() {
     let mut r0 = seq(&m, &t[..12]);
     // prefill in chunks of 4 so the early blocks are released and only 3 stay live
     for c0 in (0..12).step_by(4) {
-        m.allocate(&mut r0, None, c0, 4, if c0 == 0 { 12 } else { 0 }).unwrap();
+        m.allocate(&mut r0, None, c0, 4, if c0 == 0 { 12 } else { 0 })
+            .unwrap();
         m.commit_computed(&mut r0, c0 + 4);
     }
     let live = r0.num_live_blocks(0);
@@ -145,7 +167,11 @@ fn null_entries_and_live_hit_blocks_cost_no_free_blocks() {
     assert_eq!(hit.num_tokens, 12);
     let free = m.num_free_blocks(0);
     m.allocate(&mut r1, Some(&hit), 12, 1, 13).unwrap();
-    assert_eq!(free - m.num_free_blocks(0), 1, "only the block for token 12 ({live} live blocks shared)");
+    assert_eq!(
+        free - m.num_free_blocks(0),
+        1,
+        "only the block for token 12 ({live} live blocks shared)"
+    );
     assert!(r1.table(0)[..4].iter().all(|&b| b == NULL_BLOCK));
     m.check_invariants([&r0, &r1]).unwrap();
     m.free(r0);
@@ -162,7 +188,8 @@ fn long_prompts_are_admitted_on_pools_sized_for_the_window() {
     let t: Vec<u32> = (0..64).collect();
     let mut r = seq(&m, &t);
     for c0 in (0..64).step_by(8) {
-        m.allocate(&mut r, None, c0, 8, if c0 == 0 { 64 } else { 0 }).expect("fits within the window cap");
+        m.allocate(&mut r, None, c0, 8, if c0 == 0 { 64 } else { 0 })
+            .expect("fits within the window cap");
         assert!(r.num_live_blocks(0) <= 5);
         m.commit_computed(&mut r, c0 + 8);
         m.check_invariants([&r]).unwrap();
@@ -202,18 +229,23 @@ fn hybrid_hits_are_the_longest_length_every_group_serves() {
     for b in 1..=3 {
         assert_eq!(m.ref_count(0, b), 2);
     }
-    assert_eq!(m.ref_count(1, 1), 1, "the out-of-window block is not shared");
+    assert_eq!(
+        m.ref_count(1, 1),
+        1,
+        "the out-of-window block is not shared"
+    );
     assert_eq!(m.ref_count(1, 2), 2);
     m.check_invariants([&r0, &r1]).unwrap();
     m.free(r1);
     m.free(r0);
     // (evicted group, evicted positions) -> hit
-    let cases: [(&[(usize, usize)], Option<u32>); 5] = [
-        (&[(1, 0)], Some(48)),        // sliding block outside the window: no change
-        (&[(0, 0)], None),            // full block 0: nothing
-        (&[(0, 2)], Some(32)),        // last full block
-        (&[(1, 2)], Some(32)),        // last sliding block
-        (&[(0, 2), (1, 0)], None),    // full limits to 32; at 32 sliding needs block 0: total miss
+    type Evicted<'a> = &'a [(usize, usize)];
+    let cases: [(Evicted, Option<u32>); 5] = [
+        (&[(1, 0)], Some(48)),     // sliding block outside the window: no change
+        (&[(0, 0)], None),         // full block 0: nothing
+        (&[(0, 2)], Some(32)),     // last full block
+        (&[(1, 2)], Some(32)),     // last sliding block
+        (&[(0, 2), (1, 0)], None), // full limits to 32; at 32 sliding needs block 0: total miss
     ];
     for (evict, want) in cases {
         let (mut m, t, r0) = build();
@@ -242,4 +274,37 @@ fn null_entries_are_stripped_when_a_sliding_request_is_freed() {
     m.free(r);
     assert_eq!(m.num_free_blocks(0), 15);
     m.check_invariants([]).unwrap();
+}
+
+#[test]
+fn sliding_hits_work_at_a_finer_match_unit() {
+    // ST-3 (sub-block 2, block 4, W 8): a cached 2-block prefix serves an 8-token hit with both
+    // blocks; a hit may also end inside a block (copy-on-match in a sliding group).
+    let mut c = KvConfig::new(4, vec![16]);
+    c.sub_block_size = 2;
+    let mut m = mgr_with(&[LayerKind::Sliding { window: 8 }], c);
+    let t: Vec<u32> = (0..8).collect();
+    let mut r0 = seq(&m, &t);
+    prefill(&mut m, &mut r0, 8);
+    let ids = r0.table(0).to_vec();
+    m.free(r0);
+    let mut r1 = seq(&m, &cat(&[&t, &[50]]));
+    let hit = m.lookup(&r1, 9).unwrap();
+    assert_eq!(hit.num_tokens, 8);
+    m.allocate(&mut r1, Some(&hit), 8, 1, 9).unwrap();
+    assert_eq!(&r1.table(0)[..2], &ids[..]);
+    m.free(r1);
+    let mut r2 = seq(&m, &cat(&[&t[..6], &[51, 52]]));
+    let (hit, ops) = prefill(&mut m, &mut r2, 8);
+    assert_eq!(hit, 6);
+    assert_eq!(
+        ops,
+        vec![CopyOp {
+            group: 0,
+            src: ids[1],
+            dst: r2.table(0)[1],
+            num_tokens: 2
+        }]
+    );
+    m.free(r2);
 }

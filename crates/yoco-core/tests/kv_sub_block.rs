@@ -24,7 +24,11 @@ fn first_request_has_no_hit_and_indexes_its_blocks_after_execution() {
     assert!(m.lookup(&r, 16).is_none());
     admit(&mut m, &mut r, 16).unwrap();
     assert!(m.take_copy_ops().is_empty());
-    assert_eq!(m.num_indexed_hashes(0), 0, "nothing is indexed before the step executed");
+    assert_eq!(
+        m.num_indexed_hashes(0),
+        0,
+        "nothing is indexed before the step executed"
+    );
     m.commit_computed(&mut r, 16);
     m.release_copy_sources();
     assert_eq!(m.indexed_hashes(0, 1).len(), 2);
@@ -45,12 +49,24 @@ fn a_match_ending_inside_a_block_is_copied_into_a_private_block() {
     assert_eq!((hit.num_tokens, hit.num_shared_tokens(8)), (4, 0));
     m.allocate(&mut r1, Some(&hit), 4, 8, 12).unwrap();
     let ops = m.take_copy_ops();
-    assert_eq!(ops, vec![CopyOp { group: 0, src: 1, dst: r1.table(0)[0], num_tokens: 4 }]);
+    assert_eq!(
+        ops,
+        vec![CopyOp {
+            group: 0,
+            src: 1,
+            dst: r1.table(0)[0],
+            num_tokens: 4
+        }]
+    );
     assert_ne!(ops[0].src, ops[0].dst);
     assert_eq!(r1.table(0).len(), 2);
     m.commit_computed(&mut r1, 12);
     m.release_copy_sources();
-    assert_eq!(m.indexed_hashes(0, r1.table(0)[0])[0], r1.sub_block_hashes()[0], "the copy is indexed after the step");
+    assert_eq!(
+        m.indexed_hashes(0, r1.table(0)[0])[0],
+        r1.sub_block_hashes()[0],
+        "the copy is indexed after the step"
+    );
     let k = m.metrics();
     assert_eq!((k.copies, k.copied_tokens, k.adoptions), (1, 4, 0));
     m.check_invariants([&r1]).unwrap();
@@ -72,7 +88,15 @@ fn full_block_hits_are_shared_and_matching_continues_in_the_next_block() {
     assert_eq!(r1.table(0)[0], 1, "full block shared");
     assert_eq!(m.ref_count(0, 1), 2);
     let ops = m.take_copy_ops();
-    assert_eq!(ops, vec![CopyOp { group: 0, src: 2, dst: r1.table(0)[1], num_tokens: 4 }]);
+    assert_eq!(
+        ops,
+        vec![CopyOp {
+            group: 0,
+            src: 2,
+            dst: r1.table(0)[1],
+            num_tokens: 4
+        }]
+    );
     // an identical full first block alone is a pure share: no copy op
     let mut r2 = seq(&m, &cat(&[&t0[..8], &run(91, 3)]));
     let (h, ops) = prefill(&mut m, &mut r2, 11);
@@ -95,7 +119,11 @@ fn eviction_under_pressure_removes_blocks_from_the_index_and_drain_empties_ops()
     assert_eq!(m.num_indexed_hashes(0), 4);
     let mut r1 = seq(&m, &run(77, 9));
     admit(&mut m, &mut r1, 9).unwrap();
-    assert_eq!(m.num_indexed_hashes(0), 0, "both cached blocks were evicted for r1");
+    assert_eq!(
+        m.num_indexed_hashes(0),
+        0,
+        "both cached blocks were evicted for r1"
+    );
     assert!(m.take_copy_ops().is_empty());
     m.free(r1);
 }
@@ -124,11 +152,19 @@ fn a_finished_requests_partial_tail_stays_indexed_and_is_kept_longest() {
     let t: Vec<u32> = (0..12).collect();
     let mut r0 = seq(&m, &t);
     prefill(&mut m, &mut r0, 12);
-    assert_eq!(m.indexed_hashes(0, 2), &r0.sub_block_hashes()[2..3], "the running tail is indexed");
+    assert_eq!(
+        m.indexed_hashes(0, 2),
+        &r0.sub_block_hashes()[2..3],
+        "the running tail is indexed"
+    );
     m.free(r0);
     assert_eq!(m.indexed_hashes(0, 2).len(), 1, "still indexed after free");
     let free = m.free_block_ids(0);
-    assert_eq!(&free[free.len() - 2..], &[2, 1], "retained at the LRU tail, not reused first");
+    assert_eq!(
+        &free[free.len() - 2..],
+        &[2, 1],
+        "retained at the LRU tail, not reused first"
+    );
     // a request sharing the 12 tokens and diverging: 8 shared + 4 from the tail (adopted here)
     let mut r1 = seq(&m, &cat(&[&t, &run(40, 6)]));
     let (hit, ops) = prefill(&mut m, &mut r1, 18);
@@ -167,7 +203,11 @@ fn hits_never_cover_the_last_token() {
     prefill(&mut m, &mut r0, 12);
     m.free(r0);
     let same = seq(&m, &t);
-    assert_eq!(m.lookup(&same, 12).unwrap().num_tokens, 8, "3 sub-blocks capped to 11 / 4 = 2");
+    assert_eq!(
+        m.lookup(&same, 12).unwrap().num_tokens,
+        8,
+        "3 sub-blocks capped to 11 / 4 = 2"
+    );
     let short = seq(&m, &t[..4]);
     assert!(m.lookup(&short, 4).is_none(), "3 / 4 = 0 sub-blocks");
     m.free(same);
@@ -201,14 +241,26 @@ fn copy_sources_stay_pinned_until_released_after_execution() {
     let mut r1 = seq(&m, &cat(&[&[0, 1, 2, 3], &run(5, 3)]));
     let hit = m.lookup(&r1, 7).unwrap();
     m.allocate(&mut r1, Some(&hit), 4, 3, 7).unwrap();
-    assert_eq!(m.ref_count(0, 1), 1, "the source is pinned by the queued op");
+    assert_eq!(
+        m.ref_count(0, 1),
+        1,
+        "the source is pinned by the queued op"
+    );
     let ops = m.take_copy_ops();
     assert_eq!(ops.len(), 1);
-    assert_eq!(m.ref_count(0, 1), 1, "still pinned after the ops were taken");
+    assert_eq!(
+        m.ref_count(0, 1),
+        1,
+        "still pinned after the ops were taken"
+    );
     // pressure: one free block left, the pinned source is not among them
     assert_eq!(m.free_block_ids(0), vec![3]);
     let mut r2 = seq(&m, &run(8, 16));
-    assert_eq!(admit(&mut m, &mut r2, 16), Err(NoSpace), "the pinned source cannot be evicted");
+    assert_eq!(
+        admit(&mut m, &mut r2, 16),
+        Err(NoSpace),
+        "the pinned source cannot be evicted"
+    );
     m.check_invariants([&r1, &r2]).unwrap();
     m.commit_computed(&mut r1, 7);
     m.release_copy_sources();
@@ -230,7 +282,11 @@ fn a_running_requests_tail_becomes_matchable_and_grows_during_decode() {
     let mut r = seq(&m, &toks);
     prefill(&mut m, &mut r, 21);
     assert_eq!(m.indexed_hashes(0, 1).len(), 4);
-    assert_eq!(m.indexed_hashes(0, 2).len(), 1, "tail: 1 complete sub-block of 5 tokens");
+    assert_eq!(
+        m.indexed_hashes(0, 2).len(),
+        1,
+        "tail: 1 complete sub-block of 5 tokens"
+    );
     for step in 0..11 {
         let n = toks.len();
         toks.push(1000 + step);
@@ -239,9 +295,17 @@ fn a_running_requests_tail_becomes_matchable_and_grows_during_decode() {
         execute(&mut m, &mut r, n + 1);
         assert_eq!(m.indexed_hashes(0, 2).len(), ((n + 1 - 16) / 4).min(4));
     }
-    assert_eq!(m.indexed_hashes(0, 2), &r.sub_block_hashes()[4..8], "the block filled: indexing complete");
+    assert_eq!(
+        m.indexed_hashes(0, 2),
+        &r.sub_block_hashes()[4..8],
+        "the block filled: indexing complete"
+    );
     let probe = seq(&m, &cat(&[&toks[..28], &[7]]));
-    assert_eq!(m.lookup(&probe, 29).unwrap().num_tokens, 28, "visible before the request finishes");
+    assert_eq!(
+        m.lookup(&probe, 29).unwrap().num_tokens,
+        28,
+        "visible before the request finishes"
+    );
     m.check_invariants([&r, &probe]).unwrap();
     m.free(r);
     m.free(probe);
@@ -275,18 +339,32 @@ fn prompt_logprobs_salts_and_loras_never_match_across_namespaces() {
         m.hash_tokens(&mut s, &t);
         s
     };
-    let salt = |s: &str| HashExtras { cache_salt: Some(s.into()), lora: None };
-    let lora = |s: &str| HashExtras { cache_salt: None, lora: Some((s.into(), format!("/{s}"))) };
+    let salt = |s: &str| HashExtras {
+        cache_salt: Some(s.into()),
+        lora: None,
+    };
+    let lora = |s: &str| HashExtras {
+        cache_salt: None,
+        lora: Some((s.into(), format!("/{s}"))),
+    };
     for a in [salt("A"), lora("A")] {
         let mut r0 = with(&m, a.clone(), false);
         prefill(&mut m, &mut r0, 12);
         let probe = with(&m, a.clone(), false);
-        assert_eq!(m.lookup(&probe, 12).map(|h| h.num_tokens), Some(8), "same namespace matches");
+        assert_eq!(
+            m.lookup(&probe, 12).map(|h| h.num_tokens),
+            Some(8),
+            "same namespace matches"
+        );
         m.free(probe);
         m.free(r0);
     }
     // and the negative cases, each against a cache holding only the other namespace
-    for (a, b) in [(salt("A"), salt("B")), (salt("A"), HashExtras::default()), (lora("A"), lora("B"))] {
+    for (a, b) in [
+        (salt("A"), salt("B")),
+        (salt("A"), HashExtras::default()),
+        (lora("A"), lora("B")),
+    ] {
         let mut m = m8();
         let mut r0 = with(&m, a, false);
         prefill(&mut m, &mut r0, 12);
@@ -298,7 +376,10 @@ fn prompt_logprobs_salts_and_loras_never_match_across_namespaces() {
     let mut r0 = seq(&m, &t);
     prefill(&mut m, &mut r0, 12);
     let plp = with(&m, HashExtras::default(), true);
-    assert!(m.lookup(&plp, 12).is_none(), "prompt logprobs never read the cache");
+    assert!(
+        m.lookup(&plp, 12).is_none(),
+        "prompt logprobs never read the cache"
+    );
     m.free(plp);
     m.free(r0);
 }
@@ -351,11 +432,19 @@ fn multi_group_hits_copy_once_per_group_and_take_the_minimum_extension() {
     m.release_copy_sources();
     // the extension is the minimum over groups: drop the sliding group's tail block
     let sliding_tail = r0.table(1)[2];
+    let full_tail = r0.table(0)[2];
     m.free(r0);
+    // partial tails (1 sub-block of 4 tokens) of both groups stay indexed after free
+    assert_eq!(m.indexed_hashes(0, full_tail).len(), 1);
+    assert_eq!(m.indexed_hashes(1, sliding_tail).len(), 1);
     let probe = seq(&m, &cat(&[&t, &[5]]));
     assert_eq!(m.lookup(&probe, 21).unwrap().num_tokens, 20);
     m.evict_cached_blocks(1, &[sliding_tail]);
-    assert_eq!(m.lookup(&probe, 21).unwrap().num_tokens, 16, "the full group alone could serve 20");
+    assert_eq!(
+        m.lookup(&probe, 21).unwrap().num_tokens,
+        16,
+        "the full group alone could serve 20"
+    );
     // reset clears all groups
     m.free(r1);
     m.free(probe);
@@ -433,7 +522,11 @@ fn speculative_preallocation_never_indexes_uncomputed_slots() {
     assert_eq!(m.num_indexed_hashes(0), 2);
     assert!(m.indexed_hashes(0, r.table(0)[2]).is_empty());
     m.free(r);
-    assert_eq!(m.num_indexed_hashes(0), 2, "free indexes only committed tokens");
+    assert_eq!(
+        m.num_indexed_hashes(0),
+        2,
+        "free indexes only committed tokens"
+    );
 }
 
 #[test]
@@ -452,7 +545,15 @@ fn design_worked_example_reuses_2944_of_3000_tokens_by_copy_on_match() {
     let (hit, ops) = prefill(&mut m, &mut rb, b.len());
     assert_eq!(hit, 2944);
     assert_eq!(3000 - hit, 56);
-    assert_eq!(ops, vec![CopyOp { group: 0, src: 1, dst: rb.table(0)[0], num_tokens: 2944 }]);
+    assert_eq!(
+        ops,
+        vec![CopyOp {
+            group: 0,
+            src: 1,
+            dst: rb.table(0)[0],
+            num_tokens: 2944
+        }]
+    );
     m.free(rb);
     // upstream full-block matching reuses nothing
     let mut up = full_mgr(4096, 4096, 8);

@@ -24,7 +24,12 @@ fn skip_scenario(max_skips: u32) -> Vec<(bool, Vec<u64>)> {
         }
         let (p, _) = d.step();
         let x = p.admitted_ids.contains(&2);
-        let small: Vec<u64> = p.admitted_ids.iter().copied().filter(|&id| id >= 100).collect();
+        let small: Vec<u64> = p
+            .admitted_ids
+            .iter()
+            .copied()
+            .filter(|&id| id >= 100)
+            .collect();
         log.push((x, small));
         assert!(d.steps < 100);
     }
@@ -34,13 +39,19 @@ fn skip_scenario(max_skips: u32) -> Vec<(bool, Vec<u64>)> {
 #[test]
 fn small_requests_pass_a_blocked_one_only_for_the_aging_bound() {
     let log = skip_scenario(2);
-    let x_step = log.iter().position(|(x, _)| *x).expect("X is admitted: no starvation");
+    let x_step = log
+        .iter()
+        .position(|(x, _)| *x)
+        .expect("X is admitted: no starvation");
     // The first two steps in which X did not fit admitted the small requests behind it ...
     assert_eq!(log[0].1, [100]);
     assert_eq!(log[1].1, [101]);
     // ... then admission stopped behind X until it fit.
     for (step, (_, small)) in log.iter().enumerate().take(x_step).skip(2) {
-        assert!(small.is_empty(), "step {step} admitted {small:?} past an aged request");
+        assert!(
+            small.is_empty(),
+            "step {step} admitted {small:?} past an aged request"
+        );
     }
     // R finishes in the 8th step (index 7 here): X is admitted in the next one, before the small
     // requests that waited behind it, which follow in arrival order.
@@ -65,20 +76,34 @@ fn a_sibling_waits_for_its_parents_prompt_and_then_hits_its_kv() {
     let mut d = Driver::new(config(16, 64));
     let prompt = tokens(3, 40);
     d.add(req(1, prompt.clone(), 4));
-    d.add(NewRequest { after: Some(1), ..req(2, prompt.clone(), 4) });
+    d.add(NewRequest {
+        after: Some(1),
+        ..req(2, prompt.clone(), 4)
+    });
     d.add(req(3, tokens(4, 8), 4));
     let (p, _) = d.step();
-    assert_eq!(p.admitted_ids, [1, 3], "the sibling waits; later requests do not");
+    assert_eq!(
+        p.admitted_ids,
+        [1, 3],
+        "the sibling waits; later requests do not"
+    );
     let (p, _) = d.step();
     assert_eq!(p.admitted_ids, [2]);
-    assert_eq!(p.admitted_num_cached, [32], "two full blocks of the parent's prompt are reused");
+    assert_eq!(
+        p.admitted_num_cached,
+        [32],
+        "two full blocks of the parent's prompt are reused"
+    );
     d.run(20);
 }
 
 #[test]
 fn a_sibling_of_an_unknown_or_finished_request_is_not_blocked() {
     let mut d = Driver::new(config(16, 64));
-    d.add(NewRequest { after: Some(77), ..req(2, tokens(1, 10), 2) });
+    d.add(NewRequest {
+        after: Some(77),
+        ..req(2, tokens(1, 10), 2)
+    });
     let (p, _) = d.step();
     assert_eq!(p.admitted_ids, [2]);
 }

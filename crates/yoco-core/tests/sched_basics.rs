@@ -15,7 +15,11 @@ fn added_requests_wait_in_arrival_order_until_scheduled() {
         assert_eq!(s.num_unfinished() as u64, i + 1);
     }
     let p = s.schedule();
-    assert_eq!(p.req_ids, (0..10).collect::<Vec<_>>(), "all admitted as new, in arrival order");
+    assert_eq!(
+        p.req_ids,
+        (0..10).collect::<Vec<_>>(),
+        "all admitted as new, in arrival order"
+    );
     assert_eq!(p.admitted_ids, (0..10).collect::<Vec<_>>());
     assert_eq!(row_tokens(p), [10; 10]);
     assert_eq!(p.req_rows, (0..10).collect::<Vec<i32>>());
@@ -71,7 +75,10 @@ fn update_rejects_a_wrong_number_of_tokens_without_changing_anything() {
     d.add(req(2, tokens(2, 5), 3));
     d.schedule();
     let err = d.s.update(&[20]).unwrap_err();
-    assert!(matches!(&err, Error::Request(m) if m.contains("expected 2")), "{err}");
+    assert!(
+        matches!(&err, Error::Request(m) if m.contains("expected 2")),
+        "{err}"
+    );
     assert!(d.s.update(&[20, -1]).is_err());
     assert!(d.s.awaiting_update());
     let out = d.s.update(&[20, 21]).unwrap();
@@ -86,10 +93,24 @@ fn invalid_requests_are_rejected_with_the_reason() {
     let mut s = Scheduler::new(c).unwrap();
     let msg = |e: Error| e.to_string();
     assert!(msg(s.add_request(req(1, vec![], 4)).unwrap_err()).contains("empty"));
-    assert!(msg(s.add_request(req(1, tokens(1, 101), 4)).unwrap_err()).contains("max_model_len = 100"));
+    assert!(
+        msg(s.add_request(req(1, tokens(1, 101), 4)).unwrap_err()).contains("max_model_len = 100")
+    );
     assert!(msg(s.add_request(req(1, tokens(1, 10), 0)).unwrap_err()).contains("max_tokens"));
-    let e = s.add_request(NewRequest { min_tokens: 5, ..req(1, tokens(1, 10), 4) }).unwrap_err();
+    let e = s
+        .add_request(NewRequest {
+            min_tokens: 5,
+            ..req(1, tokens(1, 10), 4)
+        })
+        .unwrap_err();
     assert!(msg(e).contains("min_tokens"));
+    let e = s
+        .add_request(NewRequest {
+            after: Some(1),
+            ..req(1, tokens(1, 10), 4)
+        })
+        .unwrap_err();
+    assert!(msg(e).contains("itself"));
     s.add_request(req(1, tokens(1, 10), 4)).unwrap();
     assert!(msg(s.add_request(req(1, tokens(1, 10), 4)).unwrap_err()).contains("already live"));
     // 8 usable blocks of 16 = 128 tokens; max_model_len caps the need at 100 tokens = 7 blocks.
@@ -102,7 +123,10 @@ fn a_request_the_pool_can_never_hold_is_a_capacity_error() {
     let mut s = Scheduler::new(config(16, 5)).unwrap();
     // 4 usable blocks = 64 tokens.
     let e = s.add_request(req(1, tokens(1, 60), 10)).unwrap_err();
-    assert!(matches!(&e, Error::Capacity(m) if m.contains("num_blocks")), "{e}");
+    assert!(
+        matches!(&e, Error::Capacity(m) if m.contains("num_blocks")),
+        "{e}"
+    );
     s.add_request(req(2, tokens(2, 54), 10)).unwrap();
     assert_eq!(s.num_unfinished(), 1);
 }
@@ -111,10 +135,14 @@ fn a_request_the_pool_can_never_hold_is_a_capacity_error() {
 fn bad_configurations_are_rejected() {
     let mut c = config(16, 64);
     c.max_num_seqs = 0;
-    assert!(matches!(Scheduler::new(c).err().unwrap(), Error::Config(m) if m.contains("max_num_seqs")));
+    assert!(
+        matches!(Scheduler::new(c).err().unwrap(), Error::Config(m) if m.contains("max_num_seqs"))
+    );
     let mut c = config(16, 64);
     c.token_capture_sizes = vec![8, 4];
-    assert!(matches!(Scheduler::new(c).err().unwrap(), Error::Config(m) if m.contains("token_capture_sizes")));
+    assert!(
+        matches!(Scheduler::new(c).err().unwrap(), Error::Config(m) if m.contains("token_capture_sizes"))
+    );
 }
 
 #[test]
@@ -123,7 +151,10 @@ fn rows_are_reused_lowest_first_after_requests_finish() {
     d.add(req(1, tokens(1, 4), 1));
     d.add(req(2, tokens(2, 4), 5));
     d.step();
-    assert!(!d.s.contains(1), "max_tokens 1 finishes at the first sample");
+    assert!(
+        !d.s.contains(1),
+        "max_tokens 1 finishes at the first sample"
+    );
     d.add(req(3, tokens(3, 4), 2));
     let p = d.schedule();
     assert_eq!(p.req_ids, [2, 3]);

@@ -15,7 +15,10 @@ fn long_prefill_threshold_caps_each_chunk_and_samples_only_on_the_last() {
     }
     let (p, o) = d.step();
     assert_eq!(row_tokens(&p), [400, 400, 224]);
-    assert!(p.logits_indices.is_empty() && o.req_ids.is_empty(), "no request finished its prompt");
+    assert!(
+        p.logits_indices.is_empty() && o.req_ids.is_empty(),
+        "no request finished its prompt"
+    );
     let (p, o) = d.step();
     assert_eq!(row_tokens(&p), [400, 400, 224]);
     assert_eq!(p.sample_rows, [0, 1]);
@@ -65,14 +68,24 @@ fn long_prompt_is_chunked_across_steps_and_samples_only_on_its_last_chunk() {
     let mut chunks = Vec::new();
     loop {
         let (p, o) = d.step();
-        chunks.push((row_tokens(&p)[0], p.positions[0], p.logits_indices.clone(), o.req_ids.clone()));
+        chunks.push((
+            row_tokens(&p)[0],
+            p.positions[0],
+            p.logits_indices.clone(),
+            o.req_ids.clone(),
+        ));
         if !o.req_ids.is_empty() {
             break;
         }
     }
     assert_eq!(
         chunks,
-        [(100, 0, vec![], vec![]), (100, 100, vec![], vec![]), (100, 200, vec![], vec![]), (50, 300, vec![49], vec![1])]
+        [
+            (100, 0, vec![], vec![]),
+            (100, 100, vec![], vec![]),
+            (100, 200, vec![], vec![]),
+            (50, 300, vec![49], vec![1])
+        ]
     );
     d.run(10);
     let _ = prompt;
@@ -85,7 +98,11 @@ fn token_budget_is_never_exceeded_and_decodes_go_first() {
     c.max_num_seqs = 8;
     let mut d = Driver::new(c);
     for i in 0..20u64 {
-        d.add(req(i, tokens(i, 10 + (i as usize * 37) % 90), 1 + (i as u32 % 7)));
+        d.add(req(
+            i,
+            tokens(i, 10 + (i as usize * 37) % 90),
+            1 + (i as u32 % 7),
+        ));
     }
     let mut steps = 0;
     while d.s.num_unfinished() > 0 {
@@ -93,7 +110,12 @@ fn token_budget_is_never_exceeded_and_decodes_go_first() {
         let (p, _) = d.step();
         assert!(p.num_tokens <= 64);
         // Requests still running from the previous step come first, in their order.
-        let kept: Vec<u64> = p.req_ids.iter().copied().filter(|id| running_before.contains(id)).collect();
+        let kept: Vec<u64> = p
+            .req_ids
+            .iter()
+            .copied()
+            .filter(|id| running_before.contains(id))
+            .collect();
         assert_eq!(&p.req_ids[..kept.len()], &kept[..]);
         steps += 1;
         assert!(steps < 500);

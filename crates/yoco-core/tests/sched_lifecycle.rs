@@ -11,7 +11,9 @@ fn step_with(s: &mut Scheduler, tok: i32) -> Vec<(u64, i32, u8)> {
     let n = s.schedule().num_samples();
     let o = s.update(&vec![tok; n]).unwrap().clone();
     s.check_invariants().unwrap();
-    (0..o.req_ids.len()).map(|k| (o.req_ids[k], o.new_tokens[k], o.finish_reasons[k])).collect()
+    (0..o.req_ids.len())
+        .map(|k| (o.req_ids[k], o.new_tokens[k], o.finish_reasons[k]))
+        .collect()
 }
 
 fn all_blocks_free(s: &Scheduler) -> bool {
@@ -22,7 +24,11 @@ fn all_blocks_free(s: &Scheduler) -> bool {
 #[test]
 fn eos_stops_with_reason_stop_and_frees_the_request() {
     let mut s = Scheduler::new(config(16, 64)).unwrap();
-    s.add_request(NewRequest { eos_token_ids: vec![2], ..req(1, tokens(1, 5), 10) }).unwrap();
+    s.add_request(NewRequest {
+        eos_token_ids: vec![2],
+        ..req(1, tokens(1, 5), 10)
+    })
+    .unwrap();
     assert_eq!(step_with(&mut s, 20), [(1, 20, NOT_FINISHED)]);
     assert_eq!(step_with(&mut s, 2), [(1, 2, FinishReason::Stop as u8)]);
     assert!(!s.contains(1));
@@ -32,10 +38,18 @@ fn eos_stops_with_reason_stop_and_frees_the_request() {
 #[test]
 fn ignore_eos_keeps_going_and_stop_ids_report_stop_token() {
     let mut s = Scheduler::new(config(16, 64)).unwrap();
-    s.add_request(NewRequest { eos_token_ids: vec![2], ignore_eos: true, stop_token_ids: vec![42], ..req(1, tokens(1, 5), 10) })
-        .unwrap();
+    s.add_request(NewRequest {
+        eos_token_ids: vec![2],
+        ignore_eos: true,
+        stop_token_ids: vec![42],
+        ..req(1, tokens(1, 5), 10)
+    })
+    .unwrap();
     assert_eq!(step_with(&mut s, 2), [(1, 2, NOT_FINISHED)]);
-    assert_eq!(step_with(&mut s, 42), [(1, 42, FinishReason::StopToken as u8)]);
+    assert_eq!(
+        step_with(&mut s, 42),
+        [(1, 42, FinishReason::StopToken as u8)]
+    );
 }
 
 #[test]
@@ -50,8 +64,13 @@ fn max_tokens_caps_the_output_with_reason_length() {
 #[test]
 fn min_tokens_defers_eos_and_stop_ids() {
     let mut s = Scheduler::new(config(16, 64)).unwrap();
-    s.add_request(NewRequest { eos_token_ids: vec![2], stop_token_ids: vec![42], min_tokens: 3, ..req(1, tokens(1, 5), 10) })
-        .unwrap();
+    s.add_request(NewRequest {
+        eos_token_ids: vec![2],
+        stop_token_ids: vec![42],
+        min_tokens: 3,
+        ..req(1, tokens(1, 5), 10)
+    })
+    .unwrap();
     assert_eq!(step_with(&mut s, 2), [(1, 2, NOT_FINISHED)]);
     assert_eq!(step_with(&mut s, 42), [(1, 42, NOT_FINISHED)]);
     assert_eq!(step_with(&mut s, 2), [(1, 2, FinishReason::Stop as u8)]);
@@ -144,5 +163,39 @@ fn requests_run_to_completion_leave_no_block_referenced() {
     assert_eq!((st.num_running, st.num_waiting), (0, 0));
     assert!(all_blocks_free(&d.s));
     assert_eq!(st.kv.blocks_used, 0);
-    assert!(d.s.reset_prefix_cache(), "nothing referenced: the cache can be reset");
+    assert!(
+        d.s.reset_prefix_cache(),
+        "nothing referenced: the cache can be reset"
+    );
+}
+
+#[test]
+fn reset_prefix_cache_fails_while_requests_hold_blocks() {
+    let mut s = Scheduler::new(config(16, 64)).unwrap();
+    s.add_request(req(1, tokens(1, 40), 4)).unwrap();
+    step_with(&mut s, 20);
+    assert!(!s.reset_prefix_cache());
+    assert!(s.abort(1));
+    assert!(s.reset_prefix_cache());
+}
+
+#[test]
+fn a_second_turn_recomputes_only_past_its_last_full_cached_block() {
+    // vLLM's multi-turn case: the next prompt is the first prompt + its outputs + new tokens; all
+    // full blocks of computed tokens hit, so only `prompt_len % 16` tokens are scheduled.
+    let mut d = Driver::new(config(16, 64));
+    let prompt = tokens(1, 40);
+    d.add(req(1, prompt.clone(), 10));
+    let mut turn2 = prompt.clone();
+    while d.s.num_unfinished() > 0 {
+        let (_, o) = d.step();
+        turn2.extend(o.new_tokens.iter().map(|&t| t as u32));
+    }
+    assert_eq!(turn2.len(), 50);
+    turn2.extend(tokens(2, 5));
+    d.add(req(2, turn2.clone(), 3));
+    let (p, _) = d.step();
+    assert_eq!(p.admitted_num_cached, [48]);
+    assert_eq!(row_tokens(&p), [55 % 16]);
+    d.run(10);
 }

@@ -9,7 +9,11 @@ use yoco_core::sched::{NewRequest, SchedulerConfig};
 /// Budget 9, threshold 7, block size 4: step 1 runs P's first chunk (7 of 12) and D's 1-token
 /// prompt; step 2 adds L (20 tokens). Step 2's rows: P ends its prompt (5), D decodes (1), L's first
 /// chunk (3) is a middle chunk: the batch of plan.rs's module doc.
-fn mixed(l_prompt_logprobs: bool, token_sizes: Vec<u32>, cross_sizes: Vec<u32>) -> (Driver, Vec<u32>, Vec<u32>, Vec<u32>) {
+fn mixed(
+    l_prompt_logprobs: bool,
+    token_sizes: Vec<u32>,
+    cross_sizes: Vec<u32>,
+) -> (Driver, Vec<u32>, Vec<u32>, Vec<u32>) {
     let mut c: SchedulerConfig = config(4, 64);
     c.max_num_batched_tokens = 9;
     c.long_prefill_token_threshold = 7;
@@ -23,7 +27,10 @@ fn mixed(l_prompt_logprobs: bool, token_sizes: Vec<u32>, cross_sizes: Vec<u32>) 
     assert_eq!(row_tokens(&p1), [7, 1]);
     assert_eq!(p1.logits_indices, [7], "only D samples in step 1");
     assert_eq!(o1.req_ids, [11]);
-    d.add(NewRequest { prompt_logprobs: l_prompt_logprobs, ..req(12, l.clone(), 5) });
+    d.add(NewRequest {
+        prompt_logprobs: l_prompt_logprobs,
+        ..req(12, l.clone(), 5)
+    });
     (d, p, dd, l)
 }
 
@@ -76,7 +83,10 @@ fn prompt_logprobs_widen_the_cross_selection_to_all_scheduled_rows() {
     let plan = d.schedule();
     let k = plan.req_ids.iter().position(|&id| id == 12).unwrap();
     let (a, b) = (plan.query_start_loc[k], plan.query_start_loc[k + 1]);
-    let (ca, cb) = (plan.cross_query_start_loc[k] as usize, plan.cross_query_start_loc[k + 1] as usize);
+    let (ca, cb) = (
+        plan.cross_query_start_loc[k] as usize,
+        plan.cross_query_start_loc[k + 1] as usize,
+    );
     assert_eq!(plan.cross_indices[ca..cb], (a..b).collect::<Vec<_>>()[..]);
 }
 
@@ -86,12 +96,21 @@ fn prompt_logprobs_requests_never_read_the_prefix_cache() {
     let prompt = tokens(7, 20);
     d.add(req(1, prompt.clone(), 1));
     d.run(10);
-    d.add(NewRequest { prompt_logprobs: true, ..req(2, prompt.clone(), 1) });
+    d.add(NewRequest {
+        prompt_logprobs: true,
+        ..req(2, prompt.clone(), 1)
+    });
     d.add(req(3, prompt.clone(), 1));
     let plan = d.schedule();
     assert_eq!(plan.admitted_ids, [2, 3]);
-    assert_eq!(plan.admitted_num_cached[0], 0, "prompt logprobs need every prompt row computed");
-    assert!(plan.admitted_num_cached[1] > 0, "a plain request hits the cached prompt");
+    assert_eq!(
+        plan.admitted_num_cached[0], 0,
+        "prompt logprobs need every prompt row computed"
+    );
+    assert!(
+        plan.admitted_num_cached[1] > 0,
+        "a plain request hits the cached prompt"
+    );
     assert_eq!(row_tokens(&plan)[0], 20);
 }
 
@@ -105,7 +124,12 @@ fn padding_rounds_tokens_up_and_repeats_the_last_cross_index() {
     assert!(plan.input_ids[9..].iter().all(|&x| x == 0));
     assert!(plan.positions[9..].iter().all(|&x| x == 0));
     for g in 0..d.s.num_groups() {
-        assert!(plan.slot_mapping[g * 16 + 9..(g + 1) * 16].iter().all(|&x| x == 0), "padding writes slot 0 of block 0");
+        assert!(
+            plan.slot_mapping[g * 16 + 9..(g + 1) * 16]
+                .iter()
+                .all(|&x| x == 0),
+            "padding writes slot 0 of block 0"
+        );
     }
     assert_eq!(plan.num_cross, 2);
     assert_eq!(plan.num_cross_padded, 4);
@@ -149,8 +173,13 @@ fn block_tables_are_persistent_and_only_changed_rows_are_dirty() {
         let plan = d.schedule();
         let after = d.s.block_table(0).to_vec();
         for row in 0..2usize {
-            let changed = before[row * mbps..(row + 1) * mbps] != after[row * mbps..(row + 1) * mbps];
-            assert_eq!(changed, plan.dirty_rows.contains(&(row as i32)), "step {step} row {row}");
+            let changed =
+                before[row * mbps..(row + 1) * mbps] != after[row * mbps..(row + 1) * mbps];
+            assert_eq!(
+                changed,
+                plan.dirty_rows.contains(&(row as i32)),
+                "step {step} row {row}"
+            );
             if changed {
                 dirty_steps.push((step, row));
             }
@@ -165,7 +194,12 @@ fn block_tables_are_persistent_and_only_changed_rows_are_dirty() {
 #[test]
 fn sliding_window_and_full_groups_each_map_every_token() {
     use yoco_core::kv::LayerKind;
-    let layers = vec![LayerKind::Sliding { window: 8 }, LayerKind::Full, LayerKind::SharesKv { donor: 0 }, LayerKind::SharesKv { donor: 1 }];
+    let layers = vec![
+        LayerKind::Sliding { window: 8 },
+        LayerKind::Full,
+        LayerKind::SharesKv { donor: 0 },
+        LayerKind::SharesKv { donor: 1 },
+    ];
     let mut c = SchedulerConfig::new(layers, 4, 64).unwrap();
     c.max_num_seqs = 4;
     c.max_num_batched_tokens = 16;
@@ -180,5 +214,8 @@ fn sliding_window_and_full_groups_each_map_every_token() {
         let (_, o) = d.step();
         got.extend(o.new_tokens.iter().map(|&t| t as u32));
     }
-    assert_eq!(got, want, "the KV-simulating mock reads only what the window keeps");
+    assert_eq!(
+        got, want,
+        "the KV-simulating mock reads only what the window keeps"
+    );
 }

@@ -22,9 +22,16 @@ fn preempted_request_resumes_from_its_cached_prefix_and_generates_the_same_token
         }
         let (p, o) = d.step();
         if !p.preempted_ids.is_empty() {
-            assert_eq!(p.preempted_ids, [2], "FCFS preempts the most recently admitted");
+            assert_eq!(
+                p.preempted_ids,
+                [2],
+                "FCFS preempts the most recently admitted"
+            );
             assert_eq!(p.req_ids, [1]);
-            assert!(p.admitted_ids.is_empty(), "no admission in a step that preempted");
+            assert!(
+                p.admitted_ids.is_empty(),
+                "no admission in a step that preempted"
+            );
             preempt_step = Some(step);
         }
         if preempt_step.is_some() && p.admitted_ids == [2] {
@@ -34,14 +41,22 @@ fn preempted_request_resumes_from_its_cached_prefix_and_generates_the_same_token
             outs.entry(id).or_default().push(o.new_tokens[k] as u32);
         }
     }
-    assert_eq!(preempt_step, Some(5), "A's 13th token needs a 4th block in the 6th step");
+    assert_eq!(
+        preempt_step,
+        Some(5),
+        "A's 13th token needs a 4th block in the 6th step"
+    );
     let (resume_step, cached, _) = resume.expect("B resumed");
     assert_eq!(resume_step, 6, "B resumes as soon as A finished");
     // B had computed 12 tokens (3 full blocks); A took the LRU-first of them (B's last block).
     assert_eq!(cached, 8, "B's first two blocks were still cached");
     assert_eq!(d.s.stats().num_preemptions, 1);
     assert_eq!(outs[&1], d.reference(&pa, 6, &[]));
-    assert_eq!(outs[&2], d.reference(&pb, 12, &[]), "recompute after preemption changes nothing");
+    assert_eq!(
+        outs[&2],
+        d.reference(&pb, 12, &[]),
+        "recompute after preemption changes nothing"
+    );
 }
 
 #[test]
@@ -59,7 +74,10 @@ fn fcfs_victims_are_always_the_most_recently_admitted() {
         assert!(d.steps < 200);
     }
     assert!(!preempted.is_empty());
-    assert!(preempted.iter().all(|&id| id != 0), "the first admitted request is never the FCFS victim");
+    assert!(
+        preempted.iter().all(|&id| id != 0),
+        "the first admitted request is never the FCFS victim"
+    );
 }
 
 #[test]
@@ -68,7 +86,10 @@ fn priority_policy_admits_in_priority_then_arrival_order() {
     c.policy = Policy::Priority;
     let mut d = Driver::new(c);
     for (id, prio) in [(0, 2), (1, 0), (2, 1)] {
-        d.add(NewRequest { priority: prio, ..req(id, tokens(id, 8), 1) });
+        d.add(NewRequest {
+            priority: prio,
+            ..req(id, tokens(id, 8), 1)
+        });
     }
     let p = d.schedule();
     assert_eq!(p.req_ids, [1, 2, 0]);
@@ -80,7 +101,10 @@ fn priority_policy_admits_in_priority_then_arrival_order() {
     c.max_num_seqs = 1;
     let mut d = Driver::new(c);
     for (id, prio) in [(1, 2), (2, 1), (3, 1), (4, 0)] {
-        d.add(NewRequest { priority: prio, ..req(id, tokens(id, 8), 1) });
+        d.add(NewRequest {
+            priority: prio,
+            ..req(id, tokens(id, 8), 1)
+        });
     }
     let mut order = Vec::new();
     while d.s.num_unfinished() > 0 {
@@ -96,19 +120,56 @@ fn priority_preemption_evicts_the_least_important_request() {
     c.policy = Policy::Priority;
     c.max_num_seqs = 3;
     let mut d = Driver::new(c);
-    d.add(NewRequest { priority: 1, ..req(1, tokens(1, 32), 40) });
+    d.add(NewRequest {
+        priority: 1,
+        ..req(1, tokens(1, 32), 40)
+    });
     let (p, _) = d.step();
     assert_eq!(p.req_ids, [1]);
-    d.add(NewRequest { priority: 0, ..req(2, tokens(2, 32), 40) });
+    d.add(NewRequest {
+        priority: 0,
+        ..req(2, tokens(2, 32), 40)
+    });
     let (p, _) = d.step();
     assert_eq!(p.req_ids, [1, 2], "space for both: no preemption");
     assert!(p.preempted_ids.is_empty());
     // Now all 5 blocks are used; request 2 needs its third block.
     let (p, _) = d.step();
-    assert_eq!(p.preempted_ids, [1], "the low-priority request is the victim, though it runs first");
+    assert_eq!(
+        p.preempted_ids,
+        [1],
+        "the low-priority request is the victim, though it runs first"
+    );
     assert_eq!(p.req_ids, [2], "its scheduling in this step was undone");
     assert_eq!(d.s.stats().num_waiting, 1);
     assert_eq!(d.s.stats().num_running, 1);
+    // The victim resumes once the important request finished: it recomputes its prompt and the
+    // tokens it had generated (34), minus what the prefix cache still holds.
+    let (out1, _) = d.s.request_progress(1).unwrap();
+    assert_eq!(out1.len(), 2);
+    loop {
+        let (p, _) = d.step();
+        if let Some(k) = p
+            .req_ids
+            .iter()
+            .position(|&id| id == 1)
+            .filter(|_| p.admitted_ids.contains(&1))
+        {
+            assert!(
+                !d.s.contains(2),
+                "resumes after the high-priority request finished"
+            );
+            let cached = p.admitted_num_cached[0];
+            assert_eq!(cached % 16, 0);
+            assert_eq!(p.positions[p.query_start_loc[k] as usize], cached as i64);
+            assert_eq!(
+                p.seq_lens[k], 34,
+                "32 prompt + 2 generated tokens are (re)computed, then it samples its third"
+            );
+            break;
+        }
+        assert!(d.steps < 200);
+    }
     d.run(200);
 }
 
@@ -119,7 +180,10 @@ fn preempting_an_earlier_victim_does_not_skip_the_next_request() {
     let mut c = config(16, 5);
     c.policy = Policy::Priority;
     let mut d = Driver::new(c);
-    d.add(NewRequest { priority: 5, ..req(0xB, tokens(1, 10), 20) });
+    d.add(NewRequest {
+        priority: 5,
+        ..req(0xB, tokens(1, 10), 20)
+    });
     d.step();
     d.add(req(0xA, tokens(2, 32), 20));
     d.add(req(0xC, tokens(3, 8), 20));
@@ -127,6 +191,10 @@ fn preempting_an_earlier_victim_does_not_skip_the_next_request() {
     assert_eq!(p.req_ids, [0xB, 0xA, 0xC]);
     let (p, _) = d.step();
     assert_eq!(p.preempted_ids, [0xB]);
-    assert_eq!(p.req_ids, [0xA, 0xC], "C is scheduled after the victim bookkeeping");
+    assert_eq!(
+        p.req_ids,
+        [0xA, 0xC],
+        "C is scheduled after the victim bookkeeping"
+    );
     d.run(300);
 }

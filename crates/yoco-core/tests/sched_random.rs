@@ -13,7 +13,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use yoco_core::kv::{HashExtras, LayerKind};
 use yoco_core::mock::MockExecutor;
-use yoco_core::sched::{FinishReason, NewRequest, Policy, Scheduler, SchedulerConfig, NOT_FINISHED};
+use yoco_core::sched::{
+    FinishReason, NewRequest, Policy, Scheduler, SchedulerConfig, NOT_FINISHED,
+};
 use yoco_core::Error;
 
 const VOCAB: u32 = 48;
@@ -53,8 +55,18 @@ fn random_config(rng: &mut StdRng) -> SchedulerConfig {
     let w = rng.random_range(2..40);
     let layers = match rng.random_range(0..4) {
         0 => vec![LayerKind::Full],
-        1 => vec![LayerKind::Sliding { window: w }, LayerKind::Full, LayerKind::SharesKv { donor: 0 }, LayerKind::SharesKv { donor: 1 }],
-        2 => vec![LayerKind::Sliding { window: w }, LayerKind::Sliding { window: w }, LayerKind::Full, LayerKind::SharesKv { donor: 1 }],
+        1 => vec![
+            LayerKind::Sliding { window: w },
+            LayerKind::Full,
+            LayerKind::SharesKv { donor: 0 },
+            LayerKind::SharesKv { donor: 1 },
+        ],
+        2 => vec![
+            LayerKind::Sliding { window: w },
+            LayerKind::Sliding { window: w },
+            LayerKind::Full,
+            LayerKind::SharesKv { donor: 1 },
+        ],
         _ => vec![LayerKind::Full, LayerKind::Sliding { window: w }],
     };
     let max_model_len = rng.random_range(24..160u32);
@@ -62,10 +74,19 @@ fn random_config(rng: &mut StdRng) -> SchedulerConfig {
     c.max_model_len = max_model_len;
     c.max_num_seqs = rng.random_range(1..12);
     c.max_num_batched_tokens = rng.random_range(1..96);
-    c.long_prefill_token_threshold = if rng.random_bool(0.3) { rng.random_range(1..32) } else { 0 };
-    c.policy = if rng.random_bool(0.3) { Policy::Priority } else { Policy::Fcfs };
+    c.long_prefill_token_threshold = if rng.random_bool(0.3) {
+        rng.random_range(1..32)
+    } else {
+        0
+    };
+    c.policy = if rng.random_bool(0.3) {
+        Policy::Priority
+    } else {
+        Policy::Fcfs
+    };
     c.max_admission_skips = rng.random_range(0..4);
     c.kv.enable_prefix_caching = rng.random_bool(0.8);
+    c.kv.enable_events = rng.random_bool(0.2);
     let subs: Vec<u32> = (1..=bs).filter(|d| bs % d == 0).collect();
     c.kv.sub_block_size = subs[rng.random_range(0..subs.len())];
     if rng.random_bool(0.3) {
@@ -81,7 +102,13 @@ fn random_config(rng: &mut StdRng) -> SchedulerConfig {
 }
 
 fn random_requests(rng: &mut StdRng, c: &SchedulerConfig, n: usize) -> Vec<Spec> {
-    let bases: Vec<Vec<u32>> = (0..3).map(|_| (0..rng.random_range(1..48)).map(|_| rng.random_range(0..VOCAB)).collect()).collect();
+    let bases: Vec<Vec<u32>> = (0..3)
+        .map(|_| {
+            (0..rng.random_range(1..48))
+                .map(|_| rng.random_range(0..VOCAB))
+                .collect()
+        })
+        .collect();
     let mut specs: Vec<Spec> = Vec::new();
     let mut arrival = 0;
     for i in 0..n {
@@ -99,12 +126,24 @@ fn random_requests(rng: &mut StdRng, c: &SchedulerConfig, n: usize) -> Vec<Spec>
             id: i as u64,
             max_tokens: rng.random_range(1..20),
             min_tokens: 0,
-            eos_token_ids: if rng.random_bool(0.7) { vec![rng.random_range(0..VOCAB)] } else { vec![] },
-            stop_token_ids: if rng.random_bool(0.2) { vec![rng.random_range(0..VOCAB)] } else { vec![] },
+            eos_token_ids: if rng.random_bool(0.7) {
+                vec![rng.random_range(0..VOCAB)]
+            } else {
+                vec![]
+            },
+            stop_token_ids: if rng.random_bool(0.2) {
+                vec![rng.random_range(0..VOCAB)]
+            } else {
+                vec![]
+            },
             ignore_eos: rng.random_bool(0.1),
             priority: rng.random_range(-2..3),
             hash_extras: HashExtras {
-                cache_salt: if rng.random_bool(0.1) { Some("salt".into()) } else { None },
+                cache_salt: if rng.random_bool(0.1) {
+                    Some("salt".into())
+                } else {
+                    None
+                },
                 lora: None,
             },
             prompt_logprobs: rng.random_bool(0.1),
@@ -125,8 +164,8 @@ fn random_requests(rng: &mut StdRng, c: &SchedulerConfig, n: usize) -> Vec<Spec>
     specs
 }
 
-/// One randomized run; returns (requests, steps).
-fn run(seed: u64, num_requests: usize) -> (usize, u64) {
+/// One randomized run; returns (requests, steps, preemptions, prefix-hit tokens, copies, requests stopped early).
+fn run(seed: u64, num_requests: usize) -> (usize, u64, u64, u64, u64, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let c = random_config(&mut rng);
     let specs = random_requests(&mut rng, &c, num_requests);
@@ -151,7 +190,11 @@ fn run(seed: u64, num_requests: usize) -> (usize, u64) {
         // Aborts and engine-side finishes in any state, before scheduling.
         if rng.random_bool(0.04) && next > 0 {
             let id = rng.random_range(0..next) as u64;
-            let done = if rng.random_bool(0.5) { s.abort(id) } else { s.finish(id, FinishReason::StopString) };
+            let done = if rng.random_bool(0.5) {
+                s.abort(id)
+            } else {
+                s.finish(id, FinishReason::StopString)
+            };
             if done {
                 gone.push(id);
             }
@@ -166,20 +209,37 @@ fn run(seed: u64, num_requests: usize) -> (usize, u64) {
             assert!(s.abort(id));
             gone.push(id);
         }
-        let out = s.update(&sampled).unwrap_or_else(|e| panic!("{ctx}: update: {e}"));
+        let out = s
+            .update(&sampled)
+            .unwrap_or_else(|e| panic!("{ctx}: update: {e}"));
         for k in 0..out.req_ids.len() {
             let id = out.req_ids[k];
-            assert!(!reasons.contains_key(&id), "{ctx}: request {id} got a token after finishing");
-            outputs.entry(id).or_default().push(out.new_tokens[k] as u32);
+            assert!(
+                !reasons.contains_key(&id),
+                "{ctx}: request {id} got a token after finishing"
+            );
+            outputs
+                .entry(id)
+                .or_default()
+                .push(out.new_tokens[k] as u32);
             if out.finish_reasons[k] != NOT_FINISHED {
                 reasons.insert(id, out.finish_reasons[k]);
             }
         }
+        s.take_kv_events();
         if let Err(e) = s.check_invariants() {
             panic!("{ctx}: step {step}: {e}");
         }
-        idle = if plan.num_rows() == 0 && s.num_unfinished() > 0 { idle + 1 } else { 0 };
-        assert!(idle < 3, "{ctx}: step {step}: nothing scheduled while {} requests wait", s.num_unfinished());
+        idle = if plan.num_rows() == 0 && s.num_unfinished() > 0 {
+            idle + 1
+        } else {
+            0
+        };
+        assert!(
+            idle < 3,
+            "{ctx}: step {step}: nothing scheduled while {} requests wait",
+            s.num_unfinished()
+        );
         step += 1;
         assert!(step < 20_000, "{ctx}: no progress");
     }
@@ -188,31 +248,51 @@ fn run(seed: u64, num_requests: usize) -> (usize, u64) {
         let (want, why) = expected(&mock, &spec.req, c.max_model_len);
         let got = outputs.get(&id).cloned().unwrap_or_default();
         if gone.contains(&id) && !reasons.contains_key(&id) {
-            assert!(want.starts_with(&got), "{ctx}: request {id} (stopped early): {got:?} is not a prefix of {want:?}");
+            assert!(
+                want.starts_with(&got),
+                "{ctx}: request {id} (stopped early): {got:?} is not a prefix of {want:?}"
+            );
         } else {
             assert_eq!(got, want, "{ctx}: request {id} {:?}", spec.req);
             assert_eq!(reasons[&id], why, "{ctx}: request {id} finish reason");
         }
     }
     for g in 0..s.num_groups() {
-        assert_eq!(s.kv().num_free_blocks(g), c.kv.num_blocks[g] - 1, "{ctx}: group {g} leaks blocks");
+        assert_eq!(
+            s.kv().num_free_blocks(g),
+            c.kv.num_blocks[g] - 1,
+            "{ctx}: group {g} leaks blocks"
+        );
     }
-    assert_eq!(s.stats().kv.blocks_used, 0, "{ctx}");
-    (specs.len(), step)
+    let st = s.stats();
+    assert_eq!(st.kv.blocks_used, 0, "{ctx}");
+    (
+        specs.len(),
+        step,
+        st.num_preemptions,
+        st.kv.prefix_hit_tokens,
+        st.kv.copies + st.kv.adoptions,
+        gone.len(),
+    )
 }
 
 #[test]
 fn random_arrivals_aborts_and_pools_reproduce_the_sequential_output() {
-    let seeds: u64 = 120;
-    let mut total = 0;
-    let mut steps = 0;
+    let seeds: u64 = 300;
+    let (mut total, mut steps, mut preempt, mut hits, mut copies, mut gone) = (0, 0, 0, 0, 0, 0);
     for seed in 0..seeds {
-        let (n, k) = run(seed, 48);
+        let (n, k, p, h, c, g) = run(seed, 48);
         total += n;
         steps += k;
+        preempt += p;
+        hits += h;
+        copies += c;
+        gone += g;
     }
-    assert!(total >= 5000, "thousands of requests: {total}");
-    eprintln!("{total} requests over {steps} steps");
+    eprintln!("{total} requests, {steps} steps, {preempt} preemptions, {hits} prefix-hit tokens, {copies} copies/adoptions, {gone} stopped early");
+    // The runs exercise what they claim to.
+    assert!(total >= 10_000, "thousands of requests: {total}");
+    assert!(preempt > 100 && hits > 1000 && copies > 50 && gone > 100);
 }
 
 /// The reference function the randomized test compares with is what a sequential run gives: one
@@ -230,7 +310,10 @@ fn the_reference_output_is_what_one_request_alone_produces() {
         let mut s = Scheduler::new(c.clone()).unwrap();
         let mut mock = MockExecutor::new(VOCAB).simulating_kv_of(&s);
         for spec in specs {
-            let r = NewRequest { after: None, ..spec.req };
+            let r = NewRequest {
+                after: None,
+                ..spec.req
+            };
             let (want, _) = expected(&mock, &r, c.max_model_len);
             s.add_request(r.clone()).unwrap();
             let mut got = Vec::new();
@@ -238,7 +321,13 @@ fn the_reference_output_is_what_one_request_alone_produces() {
                 s.schedule();
                 let tables: Vec<&[i32]> = (0..s.num_groups()).map(|g| s.block_table(g)).collect();
                 let sampled = mock.sample(s.plan(), &tables).to_vec();
-                got.extend(s.update(&sampled).unwrap().new_tokens.iter().map(|&t| t as u32));
+                got.extend(
+                    s.update(&sampled)
+                        .unwrap()
+                        .new_tokens
+                        .iter()
+                        .map(|&t| t as u32),
+                );
             }
             assert_eq!(got, want, "trial {trial} {r:?}");
         }

@@ -16,7 +16,12 @@ pub unsafe fn view1<'py, T: Element>(data: &[T], owner: &Bound<'py, PyAny>) -> B
 ///
 /// # Safety
 /// As [`view1`].
-pub unsafe fn view2<'py, T: Element>(data: &[T], rows: usize, cols: usize, owner: &Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+pub unsafe fn view2<'py, T: Element>(
+    data: &[T],
+    rows: usize,
+    cols: usize,
+    owner: &Bound<'py, PyAny>,
+) -> Bound<'py, PyAny> {
     let a = ArrayView2::from_shape((rows, cols), data).expect("shape matches the buffer");
     unsafe { PyArray2::borrow_from_array(&a, owner.clone()) }.into_any()
 }

@@ -37,7 +37,9 @@ pub fn policy(s: &str) -> PyResult<Policy> {
     match s {
         "fcfs" => Ok(Policy::Fcfs),
         "priority" => Ok(Policy::Priority),
-        _ => Err(PyValueError::new_err(format!("policy = {s:?}: expected \"fcfs\" or \"priority\""))),
+        _ => Err(PyValueError::new_err(format!(
+            "policy = {s:?}: expected \"fcfs\" or \"priority\""
+        ))),
     }
 }
 
@@ -47,7 +49,9 @@ pub fn num_blocks(v: &Bound<'_, PyAny>, num_groups: usize) -> PyResult<Vec<u32>>
         return Ok(vec![n; num_groups]);
     }
     let list: Vec<u32> = v.extract().map_err(|_| {
-        PyValueError::new_err("num_blocks: expected a non-negative int or a list of them (one per KV group)")
+        PyValueError::new_err(
+            "num_blocks: expected a non-negative int or a list of them (one per KV group)",
+        )
     })?;
     if list.len() != num_groups {
         return Err(PyValueError::new_err(format!(
@@ -62,7 +66,11 @@ fn check_ids<T: Copy + TryInto<u32> + std::fmt::Display>(v: &[T]) -> PyResult<Ve
     v.iter()
         .enumerate()
         .map(|(i, &t)| {
-            t.try_into().map_err(|_| PyValueError::new_err(format!("prompt[{i}] = {t} is not a token id (0 <= id < 2**32)")))
+            t.try_into().map_err(|_| {
+                PyValueError::new_err(format!(
+                    "prompt[{i}] = {t} is not a token id (0 <= id < 2**32)"
+                ))
+            })
         })
         .collect()
 }
@@ -79,7 +87,9 @@ pub fn prompt(v: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         return check_ids(&a.as_array().to_vec());
     }
     let list: Vec<i64> = v.extract().map_err(|_| {
-        PyValueError::new_err("prompt: expected a 1-D numpy int32/uint32/int64 array or a list of ints")
+        PyValueError::new_err(
+            "prompt: expected a 1-D numpy int32/uint32/int64 array or a list of ints",
+        )
     })?;
     check_ids(&list)
 }
@@ -124,7 +134,13 @@ pub fn events_list<'py>(py: Python<'py>, events: Vec<KvEvent>) -> PyResult<Bound
     for e in events {
         let d = PyDict::new(py);
         match e {
-            KvEvent::Stored { group, parent, hashes, token_ids, block_size } => {
+            KvEvent::Stored {
+                group,
+                parent,
+                hashes,
+                token_ids,
+                block_size,
+            } => {
                 d.set_item("type", "stored")?;
                 d.set_item("group", group)?;
                 d.set_item("parent", parent)?;

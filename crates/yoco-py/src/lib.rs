@@ -24,10 +24,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NOT_FINISHED", yoco_core::sched::NOT_FINISHED)?;
     for (name, r) in [
         ("FINISH_STOP", yoco_core::sched::FinishReason::Stop),
-        ("FINISH_STOP_TOKEN", yoco_core::sched::FinishReason::StopToken),
+        (
+            "FINISH_STOP_TOKEN",
+            yoco_core::sched::FinishReason::StopToken,
+        ),
         ("FINISH_LENGTH", yoco_core::sched::FinishReason::Length),
         ("FINISH_ABORT", yoco_core::sched::FinishReason::Abort),
-        ("FINISH_STOP_STRING", yoco_core::sched::FinishReason::StopString),
+        (
+            "FINISH_STOP_STRING",
+            yoco_core::sched::FinishReason::StopString,
+        ),
     ] {
         m.add(name, r as u8)?;
     }

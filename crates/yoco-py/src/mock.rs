@@ -35,20 +35,34 @@ impl MockExecutor {
         }
         let mut inner = mock::MockExecutor::new(vocab_size)
             .first_token(first_token)
-            .with_timing(TimingModel { base_us, per_token_us, per_cross_row_us, sleep });
+            .with_timing(TimingModel {
+                base_us,
+                per_token_us,
+                per_cross_row_us,
+                sleep,
+            });
         if let Some(s) = &scheduler {
             inner = inner.simulating_kv_of(&s.borrow().inner);
         }
-        Ok(MockExecutor { inner, scheduler: scheduler.map(Bound::unbind) })
+        Ok(MockExecutor {
+            inner,
+            scheduler: scheduler.map(Bound::unbind),
+        })
     }
 
     /// One sampled token per `plan.logits_indices` entry, as a new int32 numpy array `[S]`.
-    fn sample<'py>(&mut self, py: Python<'py>, plan: &Bound<'py, StepPlan>) -> Bound<'py, PyArray1<i32>> {
+    fn sample<'py>(
+        &mut self,
+        py: Python<'py>,
+        plan: &Bound<'py, StepPlan>,
+    ) -> Bound<'py, PyArray1<i32>> {
         let plan = &plan.get().plan;
         let out = match &self.scheduler {
             Some(s) => {
                 let s = s.bind(py).borrow();
-                let tables: Vec<&[i32]> = (0..s.inner.num_groups()).map(|g| s.inner.block_table(g)).collect();
+                let tables: Vec<&[i32]> = (0..s.inner.num_groups())
+                    .map(|g| s.inner.block_table(g))
+                    .collect();
                 PyArray1::from_slice(py, self.inner.sample(plan, &tables))
             }
             None => PyArray1::from_slice(py, self.inner.sample(plan, &[])),
@@ -70,7 +84,9 @@ impl MockExecutor {
     /// What the mock samples after `tokens` when every plan is right (one request alone, no cache).
     fn reference_next(&self, tokens: Vec<u32>) -> PyResult<u32> {
         if tokens.is_empty() {
-            return Err(pyo3::exceptions::PyValueError::new_err("tokens must not be empty"));
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "tokens must not be empty",
+            ));
         }
         Ok(self.inner.reference_next(&tokens))
     }

@@ -1,50 +1,66 @@
 //! `StepPlan` and `StepOutcome`: immutable Python views of one step's flat arrays. The Rust buffers
-//! are moved in (no copy); each array attribute is a numpy view created on first access and cached,
-//! so an access is O(1) and returns the same object every time. Views keep the plan alive.
+//! are moved in (no copy); each array attribute is a numpy view of the Rust buffer whose base is the
+//! plan (or outcome) object, created per access in O(1). Views are not cached on the object: a cache
+//! would form a reference cycle (object -> view -> base object) that numpy arrays, which the garbage
+//! collector does not track, would leak.
+//!
+//! When the object dies (all its views gone too), its buffers go back to the scheduler through a
+//! one-slot bin, so the next step writes into warm, already allocated memory.
+
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use yoco_core::sched as core;
 
 use crate::arrays::{view1, view2};
 
-/// Cached views, one per array attribute.
-const NUM_PLAN_ARRAYS: usize = 18;
+/// Where a dead plan's or outcome's buffers wait for the scheduler to take them back.
+pub type Bin<T> = Arc<Mutex<Option<T>>>;
+
+fn give_back<T: Default>(bin: &Option<Bin<T>>, value: &mut T) {
+    if let Some(bin) = bin {
+        if let Ok(mut slot) = bin.lock() {
+            if slot.is_none() {
+                *slot = Some(std::mem::take(value));
+            }
+        }
+    }
+}
 
 #[pyclass(frozen, module = "yoco_rs._core", name = "StepPlan")]
 pub struct StepPlan {
     pub(crate) plan: core::StepPlan,
     num_groups: usize,
-    views: [PyOnceLock<Py<PyAny>>; NUM_PLAN_ARRAYS],
+    bin: Option<Bin<core::StepPlan>>,
 }
 
 impl StepPlan {
-    pub fn new(plan: core::StepPlan, num_groups: usize) -> Self {
-        StepPlan { plan, num_groups, views: std::array::from_fn(|_| PyOnceLock::new()) }
-    }
-
-    fn cached<'py>(
-        slf: &Bound<'py, Self>,
-        k: usize,
-        make: impl FnOnce(&core::StepPlan, usize, &Bound<'py, PyAny>) -> Bound<'py, PyAny>,
-    ) -> Bound<'py, PyAny> {
-        let py = slf.py();
-        let this = slf.get();
-        let owner = slf.as_any();
-        this.views[k].get_or_init(py, || make(&this.plan, this.num_groups, owner).unbind()).bind(py).clone()
+    pub fn new(plan: core::StepPlan, num_groups: usize, bin: Option<Bin<core::StepPlan>>) -> Self {
+        StepPlan {
+            plan,
+            num_groups,
+            bin,
+        }
     }
 }
 
-/// One `#[pymethods]` block: cached 1-D array getters plus the items given after them.
+impl Drop for StepPlan {
+    fn drop(&mut self) {
+        give_back(&self.bin, &mut self.plan);
+    }
+}
+
+/// One `#[pymethods]` block: 1-D array getters plus the items given after them.
 macro_rules! plan_methods {
-    ([$($k:literal $name:ident),* $(,)?] $($rest:tt)*) => {
+    ([$($name:ident),* $(,)?] $($rest:tt)*) => {
         #[pymethods]
         impl StepPlan {
             $(
                 #[getter]
                 fn $name<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-                    // SAFETY: the plan is frozen inside `slf`, so the buffer never moves or changes.
-                    Self::cached(slf, $k, |p, _, owner| unsafe { view1(&p.$name, owner) })
+                    // SAFETY: the plan is frozen inside `slf`, so the buffer never moves or changes
+                    // while the view (which holds `slf`) lives.
+                    unsafe { view1(&slf.get().plan.$name, slf.as_any()) }
                 }
             )*
             $($rest)*
@@ -54,24 +70,26 @@ macro_rules! plan_methods {
 
 plan_methods! {
     [
-        0 req_ids, 1 req_rows, 2 query_start_loc, 3 seq_lens, 4 input_ids, 5 positions,
-        6 logits_indices, 7 sample_rows, 8 cross_indices, 9 cross_query_start_loc, 10 logits_cross_pos,
-        11 admitted_ids, 12 admitted_rows, 13 admitted_num_cached, 14 preempted_ids, 15 dirty_rows,
+        req_ids, req_rows, query_start_loc, seq_lens, input_ids, positions, logits_indices, sample_rows,
+        cross_indices, cross_query_start_loc, logits_cross_pos, admitted_ids, admitted_rows,
+        admitted_num_cached, preempted_ids, dirty_rows,
     ]
+
     /// `[G, T_pad]` int64 KV slot of each token in each group.
     #[getter]
     fn slot_mapping<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        Self::cached(slf, 16, |p, g, owner| {
-            let t = p.num_tokens_padded as usize;
-            // SAFETY: as in the 1-D getters.
-            unsafe { view2(&p.slot_mapping, g, t, owner) }
-        })
+        let this = slf.get();
+        let t = this.plan.num_tokens_padded as usize;
+        // SAFETY: as in the 1-D getters.
+        unsafe { view2(&this.plan.slot_mapping, this.num_groups, t, slf.as_any()) }
     }
 
     /// `[C, 4]` int32 rows `(group, src_block, dst_block, num_tokens)`.
     #[getter]
     fn kv_copies<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        Self::cached(slf, 17, |p, _, owner| unsafe { view2(&p.kv_copies, p.kv_copies.len() / 4, 4, owner) })
+        let c = &slf.get().plan.kv_copies;
+        // SAFETY: as in the 1-D getters.
+        unsafe { view2(c, c.len() / 4, 4, slf.as_any()) }
     }
 
     #[getter]
@@ -140,18 +158,18 @@ plan_methods! {
 #[pyclass(frozen, module = "yoco_rs._core", name = "StepOutcome")]
 pub struct StepOutcome {
     out: core::StepOutcome,
-    views: [PyOnceLock<Py<PyAny>>; 3],
+    bin: Option<Bin<core::StepOutcome>>,
 }
 
 impl StepOutcome {
-    pub fn new(out: core::StepOutcome) -> Self {
-        StepOutcome { out, views: std::array::from_fn(|_| PyOnceLock::new()) }
+    pub fn new(out: core::StepOutcome, bin: Option<Bin<core::StepOutcome>>) -> Self {
+        StepOutcome { out, bin }
     }
+}
 
-    fn cached<'py>(slf: &Bound<'py, Self>, k: usize, make: impl FnOnce(&core::StepOutcome, &Bound<'py, PyAny>) -> Bound<'py, PyAny>) -> Bound<'py, PyAny> {
-        let py = slf.py();
-        let this = slf.get();
-        this.views[k].get_or_init(py, || make(&this.out, slf.as_any()).unbind()).bind(py).clone()
+impl Drop for StepOutcome {
+    fn drop(&mut self) {
+        give_back(&self.bin, &mut self.out);
     }
 }
 
@@ -160,28 +178,36 @@ impl StepOutcome {
     /// `[K]` uint64 ids of the requests that received a token this step.
     #[getter]
     fn req_ids<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        // SAFETY: the outcome is frozen inside `slf`.
-        Self::cached(slf, 0, |o, owner| unsafe { view1(&o.req_ids, owner) })
+        // SAFETY: the outcome is frozen inside `slf`, which the view holds.
+        unsafe { view1(&slf.get().out.req_ids, slf.as_any()) }
     }
     /// `[K]` int32 appended token (-1: none).
     #[getter]
     fn new_tokens<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        Self::cached(slf, 1, |o, owner| unsafe { view1(&o.new_tokens, owner) })
+        unsafe { view1(&slf.get().out.new_tokens, slf.as_any()) }
     }
     /// `[K]` uint8: 0 running, else a finish reason code.
     #[getter]
     fn finish_reasons<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyAny> {
-        Self::cached(slf, 2, |o, owner| unsafe { view1(&o.finish_reasons, owner) })
+        unsafe { view1(&slf.get().out.finish_reasons, slf.as_any()) }
     }
     /// Number of requests finished this step.
     #[getter]
     fn num_finished(&self) -> usize {
-        self.out.finish_reasons.iter().filter(|&&r| r != core::NOT_FINISHED).count()
+        self.out
+            .finish_reasons
+            .iter()
+            .filter(|&&r| r != core::NOT_FINISHED)
+            .count()
     }
     fn __len__(&self) -> usize {
         self.out.req_ids.len()
     }
     fn __repr__(&self) -> String {
-        format!("StepOutcome(len={}, finished={})", self.out.req_ids.len(), self.num_finished())
+        format!(
+            "StepOutcome(len={}, finished={})",
+            self.out.req_ids.len(),
+            self.num_finished()
+        )
     }
 }

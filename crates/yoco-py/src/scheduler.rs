@@ -12,13 +12,14 @@ use yoco_core::sched::{self as core, FinishReason, NewRequest, SchedulerConfig};
 use crate::arrays::view2;
 use crate::convert;
 use crate::errors::to_py;
-use crate::plan::{StepOutcome, StepPlan};
+use crate::plan::{Bin, StepOutcome, StepPlan};
 
 #[pyclass(module = "yoco_rs._core", name = "Scheduler")]
 pub struct Scheduler {
     pub(crate) inner: core::Scheduler,
-    /// Cached block-table views (created on first `block_tables()`).
-    tables: Option<Vec<Py<PyAny>>>,
+    /// Buffers of dead plans and outcomes, reused by the next step.
+    plan_bin: Bin<core::StepPlan>,
+    outcome_bin: Bin<core::StepOutcome>,
 }
 
 fn finish_reason(code: u8) -> PyResult<FinishReason> {
@@ -28,7 +29,11 @@ fn finish_reason(code: u8) -> PyResult<FinishReason> {
         3 => FinishReason::Length,
         4 => FinishReason::Abort,
         5 => FinishReason::StopString,
-        _ => return Err(PyValueError::new_err(format!("reason_code = {code}: expected 1..=5 (stop, stop_token, length, abort, stop_string)"))),
+        _ => {
+            return Err(PyValueError::new_err(format!(
+            "reason_code = {code}: expected 1..=5 (stop, stop_token, length, abort, stop_string)"
+        )))
+        }
     })
 }
 
@@ -84,7 +89,11 @@ impl Scheduler {
             cross_capture_sizes,
         };
         let inner = py.detach(|| core::Scheduler::new(config)).map_err(to_py)?;
-        Ok(Scheduler { inner, tables: None })
+        Ok(Scheduler {
+            inner,
+            plan_bin: Bin::default(),
+            outcome_bin: Bin::default(),
+        })
     }
 
     /// KV groups: `{"kind", "window", "layers", "readers"}` each.
@@ -131,7 +140,10 @@ impl Scheduler {
             stop_token_ids,
             ignore_eos,
             priority,
-            hash_extras: HashExtras { cache_salt, lora: lora_name.map(|n| (n, lora_path.unwrap_or_default())) },
+            hash_extras: HashExtras {
+                cache_salt,
+                lora: lora_name.map(|n| (n, lora_path.unwrap_or_default())),
+            },
             prompt_logprobs,
             after,
         };
@@ -152,19 +164,32 @@ impl Scheduler {
     /// Plans the next step (the GIL is released while Rust works).
     fn schedule(&mut self, py: Python<'_>) -> PyResult<StepPlan> {
         if self.inner.awaiting_update() {
-            return Err(PyRuntimeError::new_err("schedule() called again before update() consumed the previous plan"));
+            return Err(PyRuntimeError::new_err(
+                "schedule() called again before update() consumed the previous plan",
+            ));
         }
+        let recycled = self.plan_bin.lock().ok().and_then(|mut b| b.take());
         let inner = &mut self.inner;
         let plan = py.detach(|| {
+            if let Some(old) = recycled {
+                inner.recycle_plan(old);
+            }
             inner.schedule();
             inner.take_plan()
         });
-        Ok(StepPlan::new(plan, self.inner.num_groups()))
+        Ok(StepPlan::new(
+            plan,
+            self.inner.num_groups(),
+            Some(self.plan_bin.clone()),
+        ))
     }
 
     /// Applies the sampled tokens (1-D int32 numpy array or list of ints, one per `logits_indices`
     /// entry of the last plan).
     fn update(&mut self, py: Python<'_>, sampled: &Bound<'_, PyAny>) -> PyResult<StepOutcome> {
+        if let Some(old) = self.outcome_bin.lock().ok().and_then(|mut b| b.take()) {
+            self.inner.recycle_outcome(old);
+        }
         let inner = &mut self.inner;
         let res = if let Ok(a) = sampled.extract::<PyReadonlyArray1<'_, i32>>() {
             match a.as_slice() {
@@ -182,28 +207,25 @@ impl Scheduler {
             ));
         };
         res.map_err(to_py)?;
-        Ok(StepOutcome::new(self.inner.take_outcome()))
+        Ok(StepOutcome::new(
+            self.inner.take_outcome(),
+            Some(self.outcome_bin.clone()),
+        ))
     }
 
     /// Per group, the persistent `[max_num_seqs, max_blocks_per_seq]` int32 block table as a numpy
-    /// view of the Rust buffer, updated in place by `schedule()` (read it between calls; never write).
+    /// view of the Rust buffer (base: this scheduler), updated in place by `schedule()`: fetch the
+    /// views once, read them between calls, never write. Not cached here (a cycle through the views
+    /// would leak the scheduler); every call returns new views of the same buffers.
     fn block_tables<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let py = slf.py();
-        if slf.borrow().tables.is_none() {
-            let this = slf.borrow();
-            let rows = this.inner.config().max_num_seqs as usize;
-            let cols = this.inner.max_blocks_per_seq();
-            let owner = slf.as_any();
-            // SAFETY: each table is allocated once at construction and never reallocated; the view
-            // keeps the scheduler object (its owner) alive.
-            let views: Vec<Py<PyAny>> = (0..this.inner.num_groups())
-                .map(|g| unsafe { view2(this.inner.block_table(g), rows, cols, owner) }.unbind())
-                .collect();
-            drop(this);
-            slf.borrow_mut().tables = Some(views);
-        }
         let this = slf.borrow();
-        PyList::new(py, this.tables.as_ref().expect("just built").iter().map(|t| t.bind(py)))
+        let rows = this.inner.config().max_num_seqs as usize;
+        let cols = this.inner.max_blocks_per_seq();
+        // SAFETY: each table is allocated once at construction and never reallocated; the view
+        // keeps the scheduler object (its owner) alive.
+        let views = (0..this.inner.num_groups())
+            .map(|g| unsafe { view2(this.inner.block_table(g), rows, cols, slf.as_any()) });
+        PyList::new(slf.py(), views)
     }
 
     #[getter]
@@ -249,6 +271,7 @@ impl Scheduler {
     /// Checks every scheduler and block-manager invariant (O(pool); tests). Raises AssertionError.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let inner = &self.inner;
-        py.detach(|| inner.check_invariants()).map_err(pyo3::exceptions::PyAssertionError::new_err)
+        py.detach(|| inner.check_invariants())
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 }

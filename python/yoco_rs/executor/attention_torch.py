@@ -4,8 +4,11 @@ Rows are split by query count when the metadata is built:
 
 * *single-query rows* (decode steps, the cross-decoder's usual one row per request) are computed in one
   batched gather + matmul for all of them, no per-request Python;
-* *multi-query rows* (prefill chunks, prompt-logprob cross rows) run one matmul per row, over only the
-  keys the row can see (for a sliding group: from the first query's window start, block aligned).
+* *multi-query rows* (prefill chunks, prompt-logprob cross rows) run in pieces of ``QUERY_CHUNK``
+  queries, each over only the keys its queries can see (causal: up to its last query; sliding: from its
+  first query's window start). That bounds the score tensor and skips the masked parts of the
+  ``L x S`` score matrix: a long prompt costs ``O(L * W)`` on sliding layers, about half of ``L^2`` on
+  full ones.
 
 Index tensors (key slots) and additive masks are precomputed per KV group in :meth:`build_metadata`, so
 ``attend`` is gathers, two matmuls and a softmax.
@@ -15,7 +18,10 @@ greedy output is the same across batch compositions, chunkings and fast prefill 
 whole-sequence forward. CPU BLAS takes a different code path (different rounding) for GEMMs with fewer
 than 4 rows, and softmax rounds differently on rows shorter than 16. So every GEMM here has at least
 ``MIN_GEMM_ROWS`` query rows (zero rows are added when a row has fewer) and every key span at least
-``MIN_KEYS`` keys (extra keys are masked). Masked scores get ``finfo.min`` added (as transformers'
+``MIN_KEYS`` keys (extra keys are masked); the executor pads both halves to >= 4 tokens for the same
+reason. Measured: bit-identical to transformers' whole-sequence forward while key spans stay within 256
+keys; beyond that BLAS blocks the key dimension by span length and results differ in the last ulps
+(1e-7 relative). Masked scores get ``finfo.min`` added (as transformers'
 eager attention does) rather than ``-inf``, so a fully masked padding query stays finite; the cache must
 hold finite values (the executor allocates it zeroed).
 """
@@ -31,9 +37,11 @@ from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
 
 
 @dataclass
-class _RowKeys:
-    """Keys of one multi-query row in one group: slots to gather and the additive mask ``[L, S]``."""
+class _QueryChunk:
+    """Queries ``start:end`` of one multi-query row in one group: key slots ``[S]``, additive mask ``[L, S]``."""
 
+    start: int
+    end: int
     slots: torch.Tensor
     mask: torch.Tensor
 
@@ -46,14 +54,13 @@ class TorchAttentionMetadata(AttentionMetadata):
     """Per group, [Rs, S] key slots of the single-query rows."""
     single_mask: list[torch.Tensor] = field(default_factory=list)
     """Per group, [Rs, S] additive mask."""
-    multi_rows: list[tuple[int, int]] = field(default_factory=list)
-    """(q_start, q_end) of each multi-query row."""
-    multi_keys: list[list[_RowKeys]] = field(default_factory=list)
-    """Per group, per multi-query row."""
+    multi_chunks: list[list[_QueryChunk]] = field(default_factory=list)
+    """Per group, the query chunks of all multi-query rows."""
 
 
 MIN_GEMM_ROWS = 4
 MIN_KEYS = 16
+QUERY_CHUNK = 256
 
 
 def _pad_rows(x: torch.Tensor, dim: int, n: int) -> torch.Tensor:
@@ -114,21 +121,24 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.single_slots.append(blocks * bs + kpos % bs)
                 meta.single_mask.append(self._mask(kpos, qpos[:, None], w, dtype))
 
-        # ---- multi-query rows: one computation each --------------------------------------------------------
+        # ---- multi-query rows: chunks of QUERY_CHUNK queries -------------------------------------------------
         multi = torch.nonzero(qlens > 1).flatten().tolist()
-        meta.multi_keys = [[] for _ in block_tables]
+        meta.multi_chunks = [[] for _ in block_tables]
         qsl_l, sl_l = qsl.tolist(), sl.tolist()
         for r in multi:
             s, e, seq = qsl_l[r], qsl_l[r + 1], sl_l[r]
-            meta.multi_rows.append((s, e))
             first = seq - (e - s)  # position of the row's first query (bottom-right alignment)
-            qpos = positions[s:e]
-            for g, (table, w) in enumerate(zip(block_tables, windows)):
-                start = 0 if w is None else max(0, first - w + 1)
-                kpos = torch.arange(start, start + max(MIN_KEYS, seq - start), device=device)
-                col = (kpos // bs).clamp(max=table.shape[1] - 1)
-                slots = table[r].index_select(0, col).to(torch.int64) * bs + kpos % bs
-                meta.multi_keys[g].append(_RowKeys(slots, self._mask(kpos[None, :], qpos[:, None], w, dtype)))
+            for cs in range(s, e, QUERY_CHUNK):
+                ce = min(e, cs + QUERY_CHUNK)
+                q_first, q_end = first + (cs - s), first + (ce - s)
+                qpos = positions[cs:ce]
+                for g, (table, w) in enumerate(zip(block_tables, windows)):
+                    start = 0 if w is None else max(0, q_first - w + 1)
+                    kpos = torch.arange(start, start + max(MIN_KEYS, q_end - start), device=device)
+                    col = (kpos // bs).clamp(max=table.shape[1] - 1)
+                    slots = table[r].index_select(0, col).to(torch.int64) * bs + kpos % bs
+                    mask = self._mask(kpos[None, :], qpos[:, None], w, dtype)
+                    meta.multi_chunks[g].append(_QueryChunk(cs, ce, slots, mask))
         return meta
 
     @staticmethod
@@ -166,7 +176,8 @@ class TorchAttentionBackend(AttentionBackend):
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             o = torch.matmul(probs, v)[:, :, :grp]
             out.index_copy_(0, idx, o.reshape(rs, nh, d))
-        for (s, e), keys in zip(meta.multi_rows, meta.multi_keys[group]):
+        for keys in meta.multi_chunks[group]:
+            s, e = keys.start, keys.end
             n = e - s
             # all heads of a KV head in one GEMM: rows (g, l) of [nKV, G*L, D]
             qr = q[s:e].view(n, nkv, grp, d).permute(1, 2, 0, 3).reshape(nkv, grp * n, d)

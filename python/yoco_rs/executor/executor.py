@@ -16,14 +16,28 @@ run the self-decoder on all ``T_pad`` tokens (writing K/V of producing layers), 
   only (queries per row from ``cross_query_start_loc``, same ``seq_lens`` and block tables: bottom-right
   alignment makes each selected query see exactly its own prefix), logits for the first ``num_cross``;
 * ``kv_sharing_fast_prefill=False``: the cross-decoder on all ``T_pad`` tokens, then logits at the same
-  ``cross_indices`` rows.
+  ``cross_indices`` rows. (Also taken with fast prefill on when every scheduled token is selected, e.g.
+  a pure decode step: the two paths then compute the same rows, the full one without a gather.)
+
+A step with no cross rows (only middle prefill chunks) returns ``[0, vocab]`` and skips the cross half.
+On CPU both halves are padded to at least 4 rows (``min_rows``) so that every token's numbers are
+independent of the batch around it (see ``attention_torch``).
 
 The batch may live on the CPU (the engine's zero-copy views of the core's arrays) or on the device; the
-host values the metadata needs are read from CPU copies. For CUDA graphs (helper ``gpu``), ``prepare``
-and the two halves are separately callable: ``step = ex.prepare(batch)``, then
-``ex.model.self_decoder(step.input_ids, step.positions, ex.kv_caches, ex.backend, step.self_meta)`` and
-``ex.model.cross_decoder(hidden[step.cross_indices], ple[step.cross_indices], step.cross_positions,
-ex.kv_caches, ex.backend, step.cross_meta)``.
+host values the metadata needs are read from CPU copies. ``slot_mapping`` may be ``[G, T_pad]`` or the
+core's flat group-major ``[G * T_pad]``; integer dtypes are converted as needed.
+
+For CUDA graphs (helper ``gpu``), ``prepare`` and the two halves are separately callable::
+
+    step = ex.prepare(batch)   # validates, applies kv_copies, builds metadata (host work happens here)
+    hidden, ple = ex.model.self_decoder(step.input_ids, step.positions, ex.kv_caches, ex.backend, step.self_meta)
+    if step.cross_meta is not None:   # fast prefill: the selected rows only
+        h = ex.model.cross_decoder(hidden[step.cross_indices], ple[step.cross_indices], step.cross_positions,
+                                   ex.kv_caches, ex.backend, step.cross_meta)
+    else:                             # all rows, then pick
+        h = ex.model.cross_decoder(hidden, ple, step.positions, ex.kv_caches, ex.backend, step.self_meta)
+        h = h[step.cross_indices]
+    logits = ex.model.compute_logits(h)[: step.num_cross]
 """
 
 from __future__ import annotations
@@ -79,7 +93,8 @@ class PreparedStep:
     num_cross: int
     cross_indices: torch.Tensor  # [X_pad] int64
     cross_positions: torch.Tensor  # [X_pad]
-    cross_meta: AttentionMetadata | None  # None with fast prefill off (the cross half reuses self_meta)
+    cross_meta: AttentionMetadata | None
+    """None when the cross half runs on all tokens with ``self_meta``: fast prefill off, or every token selected."""
 
 
 class Executor:
@@ -105,7 +120,8 @@ class Executor:
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
                         device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
-                        attn_backend: str | AttentionBackend | None = None, progress: bool = True) -> "Executor":
+                        attn_backend: str | AttentionBackend | None = None, progress: bool = True,
+                        min_rows: int | None = None) -> "Executor":
         """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
         layout). ``dtype`` defaults to float32 on CPU and bfloat16 on GPU."""
         dev = torch.device(device) if device is not None else default_device()
@@ -113,19 +129,22 @@ class Executor:
         dt = _dtype(dtype, dev)
         model = Gemma3nModel(mc.text, dtype=dt, device=dev)
         load_checkpoint(model, mc, model_dir, progress=progress)
-        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
+                   min_rows=min_rows)
 
     @classmethod
     def from_state_dict(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], *,
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         kv_sharing_fast_prefill: bool = True,
-                        attn_backend: str | AttentionBackend | None = None) -> "Executor":
+                        attn_backend: str | AttentionBackend | None = None,
+                        min_rows: int | None = None) -> "Executor":
         """From a ``config.json``-style dict and a state dict with checkpoint key names (tests)."""
         dev = torch.device(device) if device is not None else default_device()
         mc = parse_config(config)
         model = Gemma3nModel(mc.text, dtype=_dtype(dtype, dev), device=dev)
         load_state_dict(model, mc, state_dict)
-        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend)
+        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
+                   min_rows=min_rows)
 
     # ---- layout the core needs ------------------------------------------------------------------------------
 
@@ -164,15 +183,19 @@ class Executor:
     def _to_dev(self, t: torch.Tensor) -> torch.Tensor:
         return t if t.device == self.device else t.to(self.device, non_blocking=True)
 
-    def _check(self, b: ForwardBatch) -> None:
+    def _check(self, b: ForwardBatch) -> torch.Tensor:
+        """Validates shapes; returns ``slot_mapping`` as ``[G, T_pad]``."""
         if not self.kv_caches:
             raise RuntimeError("no KV cache: call allocate_kv(num_blocks_per_group, block_size) first")
         g = len(self.kv_caches)
         t_pad = int(b.input_ids.shape[0])
+        slots = b.slot_mapping
+        if slots.dim() == 1 and slots.numel() == g * t_pad:
+            slots = slots.view(g, t_pad)  # the core's flat group-major array
         if b.positions.shape[0] != t_pad:
             raise ValueError(f"positions has {b.positions.shape[0]} entries; input_ids has {t_pad}")
-        if tuple(b.slot_mapping.shape) != (g, t_pad):
-            raise ValueError(f"slot_mapping has shape {list(b.slot_mapping.shape)}; expected [{g}, {t_pad}] "
+        if tuple(slots.shape) != (g, t_pad):
+            raise ValueError(f"slot_mapping has shape {list(slots.shape)}; expected [{g}, {t_pad}] "
                              "(one row per KV group)")
         if len(b.block_tables) != g:
             raise ValueError(f"block_tables has {len(b.block_tables)} groups; the model has {g}")
@@ -184,22 +207,24 @@ class Executor:
         r = b.num_rows
         if b.query_start_loc.shape[0] != r + 1 or b.cross_query_start_loc.shape[0] != r + 1:
             raise ValueError(f"query_start_loc/cross_query_start_loc need {r + 1} entries (R={r} rows)")
+        return slots
 
     def prepare(self, b: ForwardBatch) -> PreparedStep:
         """Validates shapes, moves the batch to the device, applies ``kv_copies``, builds metadata."""
-        self._check(b)
+        slot_mapping = self._check(b)
         apply_kv_copies(self.kv_caches, b.kv_copies)
         qsl_cpu, sl_cpu = b.query_start_loc.cpu(), b.seq_lens.cpu()
         qsl, sl = self._to_dev(b.query_start_loc), self._to_dev(b.seq_lens)
         tables = [self._to_dev(t) for t in b.block_tables]
         ids, pos = self._to_dev(b.input_ids), self._to_dev(b.positions).to(torch.int64)
-        slots = self._to_dev(b.slot_mapping).to(torch.int64)
+        slots = self._to_dev(slot_mapping).to(torch.int64)
         cidx = self._to_dev(b.cross_indices).to(torch.int64)
         if ids.shape[0] < self.min_rows:  # padding tokens: id 0, position 0, slots of block 0
             n = self.min_rows - ids.shape[0]
             ids = torch.cat([ids, ids.new_zeros(n)])
             pos = torch.cat([pos, pos.new_zeros(n)])
-            slots = torch.cat([slots, (torch.arange(n, device=slots.device) % self.block_size).expand(len(slots), n)], 1)
+            pad_slots = torch.arange(n, device=slots.device) % self.block_size
+            slots = torch.cat([slots, pad_slots.expand(len(slots), n)], 1)
         if cidx.shape[0] < self.min_rows:  # padding cross rows repeat the last index
             fill = cidx[-1:] if cidx.shape[0] else cidx.new_zeros(1)
             cidx = torch.cat([cidx, fill.expand(self.min_rows - cidx.shape[0])])
@@ -211,9 +236,12 @@ class Executor:
             slot_mapping=slots, **common)
         cpos = pos.index_select(0, cidx)
         cross_meta = None
-        if self.kv_sharing_fast_prefill:
+        # When every scheduled token is selected (pure decode, all-prompt-logprob steps) the cross rows
+        # are all tokens in order: the full path computes the same thing without a gather or new metadata.
+        if self.kv_sharing_fast_prefill and b.num_cross < b.num_tokens:
             cross_meta = self.backend.build_metadata(
-                query_start_loc_cpu=b.cross_query_start_loc.cpu(), query_start_loc=self._to_dev(b.cross_query_start_loc),
+                query_start_loc_cpu=b.cross_query_start_loc.cpu(),
+                query_start_loc=self._to_dev(b.cross_query_start_loc),
                 positions=cpos, slot_mapping=None, **common)
         return PreparedStep(b.num_tokens, ids, pos, self_meta, b.num_cross, cidx, cpos, cross_meta)
 
@@ -223,7 +251,10 @@ class Executor:
 
         ``hidden_states``, when a list, receives each layer's output AltUp state ``[rows, A, H]``: all
         ``T_pad`` rows for self-decoder layers, and for the cross-decoder layers the ``X_pad`` selected
-        rows (fast prefill) or all ``T_pad`` rows (fast prefill off)."""
+        rows (fast prefill) or all ``T_pad`` rows (fast prefill off, or a step where every token is
+        selected: ``step.cross_meta is None``)."""
+        if batch.num_rows == 0:
+            return torch.empty(0, self.args.vocab_size, device=self.device)
         step = self.prepare(batch)
         m, kv = self.model, self.kv_caches
         hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states)

@@ -55,7 +55,8 @@ def weight_files(model_dir: str | os.PathLike) -> list[str]:
         return files
     if os.path.isfile(single):
         return [single]
-    pickles = [n for n in sorted(os.listdir(d)) if n.endswith((".bin", ".pt", ".pth", ".ckpt"))] if os.path.isdir(d) else []
+    names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    pickles = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
     hint = (f"; found only pickle checkpoints {pickles}, which are never loaded (unsafe): convert them to "
             "safetensors") if pickles else ""
     raise FileNotFoundError(f"no weights in {d}: expected {SINGLE_FILE} or {INDEX_FILE}{hint}")

@@ -10,8 +10,17 @@
 /// reproduce every hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
-    Stored { group: u32, parent: Option<u64>, hashes: Vec<u64>, token_ids: Vec<u32>, block_size: u32 },
-    Removed { group: u32, hashes: Vec<u64> },
+    Stored {
+        group: u32,
+        parent: Option<u64>,
+        hashes: Vec<u64>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+    },
+    Removed {
+        group: u32,
+        hashes: Vec<u64>,
+    },
     AllCleared,
 }
 
@@ -22,9 +31,24 @@ pub(crate) struct EventLog {
 }
 
 impl EventLog {
-    pub fn stored(&mut self, group: u32, parent: Option<u64>, hashes: &[u64], token_ids: &[u32], block_size: u32) {
-        if let (Some(KvEvent::Stored { group: g, hashes: hs, token_ids: ts, block_size: bs, .. }), Some(p)) =
-            (self.events.last_mut(), parent)
+    pub fn stored(
+        &mut self,
+        group: u32,
+        parent: Option<u64>,
+        hashes: &[u64],
+        token_ids: &[u32],
+        block_size: u32,
+    ) {
+        if let (
+            Some(KvEvent::Stored {
+                group: g,
+                hashes: hs,
+                token_ids: ts,
+                block_size: bs,
+                ..
+            }),
+            Some(p),
+        ) = (self.events.last_mut(), parent)
         {
             if *g == group && *bs == block_size && hs.last() == Some(&p) {
                 hs.extend_from_slice(hashes);

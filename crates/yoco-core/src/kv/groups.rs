@@ -80,7 +80,11 @@ pub fn kv_groups(layers: &[LayerKind]) -> Result<Vec<KvGroup>> {
         let g = match groups.iter().position(|grp| grp.kind == attn) {
             Some(g) => g,
             None => {
-                groups.push(KvGroup { kind: attn, layers: Vec::new(), readers: Vec::new() });
+                groups.push(KvGroup {
+                    kind: attn,
+                    layers: Vec::new(),
+                    readers: Vec::new(),
+                });
                 groups.len() - 1
             }
         };
@@ -102,7 +106,14 @@ mod tests {
 
     #[test]
     fn layers_group_by_attention_type_in_order_of_first_appearance() {
-        let layers = [Sliding { window: 4 }, Full, Sliding { window: 4 }, Full, SharesKv { donor: 2 }, SharesKv { donor: 3 }];
+        let layers = [
+            Sliding { window: 4 },
+            Full,
+            Sliding { window: 4 },
+            Full,
+            SharesKv { donor: 2 },
+            SharesKv { donor: 3 },
+        ];
         let g = kv_groups(&layers).unwrap();
         assert_eq!(g.len(), 2);
         assert_eq!(g[0].kind, AttnKind::Sliding { window: 4 });
@@ -127,7 +138,13 @@ mod tests {
         assert_eq!(g[0].layers, vec![0, 1]);
         assert_eq!(g[0].readers, vec![(2, 0), (3, 1)]);
         // two groups [0], [1] -> [0 + reader 2], [1 + reader 3]
-        let g = kv_groups(&[Full, Sliding { window: 8 }, SharesKv { donor: 0 }, SharesKv { donor: 1 }]).unwrap();
+        let g = kv_groups(&[
+            Full,
+            Sliding { window: 8 },
+            SharesKv { donor: 0 },
+            SharesKv { donor: 1 },
+        ])
+        .unwrap();
         assert_eq!(g[0].readers, vec![(2, 0)]);
         assert_eq!(g[1].readers, vec![(3, 1)]);
     }

@@ -105,7 +105,10 @@ pub(crate) struct EncodedExtras {
 
 impl EncodedExtras {
     pub fn new(extras: &HashExtras) -> Self {
-        EncodedExtras { first: encode_extras(extras, true), rest: encode_extras(extras, false) }
+        EncodedExtras {
+            first: encode_extras(extras, true),
+            rest: encode_extras(extras, false),
+        }
     }
 }
 
@@ -133,7 +136,12 @@ fn encode_extras(extras: &HashExtras, first: bool) -> Vec<u8> {
 }
 
 /// Hash of one sub-block given its parent, its tokens and its encoded extra keys. `buf` is scratch.
-pub(crate) fn hash_sub_block(parent: &BlockHash, tokens: &[u32], extras: &[u8], buf: &mut Vec<u8>) -> BlockHash {
+pub(crate) fn hash_sub_block(
+    parent: &BlockHash,
+    tokens: &[u32],
+    extras: &[u8],
+    buf: &mut Vec<u8>,
+) -> BlockHash {
     buf.clear();
     buf.push(0x83); // array of 3
     cbor_bytes(buf, &parent.0);
@@ -163,7 +171,12 @@ pub(crate) fn extend_chain(
     for i in hashes.len()..complete {
         let parent = if i == 0 { *root } else { hashes[i - 1] };
         let ex = if i == 0 { &extras.first } else { &extras.rest };
-        let h = hash_sub_block(&parent, &tokens[i * sub_block_size..(i + 1) * sub_block_size], ex, &mut buf);
+        let h = hash_sub_block(
+            &parent,
+            &tokens[i * sub_block_size..(i + 1) * sub_block_size],
+            ex,
+            &mut buf,
+        );
         hashes.push(h);
     }
 }
@@ -179,7 +192,13 @@ mod tests {
 
     fn chain(extras: &HashExtras, sbs: usize, tokens: &[u32]) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        extend_chain(&root_hash(DEFAULT_HASH_SEED), &EncodedExtras::new(extras), sbs, tokens, &mut out);
+        extend_chain(
+            &root_hash(DEFAULT_HASH_SEED),
+            &EncodedExtras::new(extras),
+            sbs,
+            tokens,
+            &mut out,
+        );
         out
     }
 
@@ -197,12 +216,24 @@ mod tests {
     #[test]
     fn sub_block_hashes_match_vllm_sha256_cbor_vectors() {
         let h = chain(&HashExtras::default(), 4, &[0, 1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(hex(&h[0]), "c49ab11fb576db6f376aef58c24f728a0ba1807e8cac5f940f1a5c4c20741898");
-        assert_eq!(hex(&h[1]), "9d0a7c928c548f9aeea31ae98471cf515045a206851732ac14cb3083c18d40f9");
+        assert_eq!(
+            hex(&h[0]),
+            "c49ab11fb576db6f376aef58c24f728a0ba1807e8cac5f940f1a5c4c20741898"
+        );
+        assert_eq!(
+            hex(&h[1]),
+            "9d0a7c928c548f9aeea31ae98471cf515045a206851732ac14cb3083c18d40f9"
+        );
         assert_eq!(h[0].to_u64(), 1088283741995145368);
-        let salted = HashExtras { cache_salt: Some("salt".into()), lora: None };
+        let salted = HashExtras {
+            cache_salt: Some("salt".into()),
+            lora: None,
+        };
         let h = chain(&salted, 4, &[0, 1, 2, 3]);
-        assert_eq!(hex(&h[0]), "8987d7583ea6dc333eec117d9e0b661eda7688392314bbbf74838ab127442082");
+        assert_eq!(
+            hex(&h[0]),
+            "8987d7583ea6dc333eec117d9e0b661eda7688392314bbbf74838ab127442082"
+        );
     }
 
     #[test]
@@ -215,8 +246,16 @@ mod tests {
         want.extend_from_slice(&[0x84, 0, 1, 2, 3, 0xf6]);
         assert_eq!(buf, want);
         // large token ids use the shortest argument form
-        hash_sub_block(&root, &[23, 24, 255, 256, 65535, 65536], &[CBOR_NULL], &mut buf);
-        assert_eq!(&buf[35..], &[0x86, 23, 0x18, 24, 0x18, 255, 0x19, 1, 0, 0x19, 255, 255, 0x1a, 0, 1, 0, 0, 0xf6]);
+        hash_sub_block(
+            &root,
+            &[23, 24, 255, 256, 65535, 65536],
+            &[CBOR_NULL],
+            &mut buf,
+        );
+        assert_eq!(
+            &buf[35..],
+            &[0x86, 23, 0x18, 24, 0x18, 255, 0x19, 1, 0, 0x19, 255, 255, 0x1a, 0, 1, 0, 0, 0xf6]
+        );
     }
 
     #[test]
@@ -230,8 +269,14 @@ mod tests {
         assert_eq!(h.len(), 2);
         let mut buf = Vec::new();
         let root = root_hash(DEFAULT_HASH_SEED);
-        assert_eq!(h[0], hash_sub_block(&root, &[0, 1, 2], &[CBOR_NULL], &mut buf));
-        assert_eq!(h[1], hash_sub_block(&h[0], &[3, 4, 5], &[CBOR_NULL], &mut buf));
+        assert_eq!(
+            h[0],
+            hash_sub_block(&root, &[0, 1, 2], &[CBOR_NULL], &mut buf)
+        );
+        assert_eq!(
+            h[1],
+            hash_sub_block(&h[0], &[3, 4, 5], &[CBOR_NULL], &mut buf)
+        );
         // the chain commits to the prefix: same tokens after a different prefix hash differently
         assert_ne!(chain(&e, 3, &[9, 1, 2, 3, 4, 5])[1], h[1]);
     }
@@ -239,7 +284,10 @@ mod tests {
     #[test]
     fn incremental_hashing_equals_one_shot() {
         // HASH-10 / SB-1, with extra keys
-        let e = HashExtras { cache_salt: Some("s".into()), lora: Some(("a".into(), "/p".into())) };
+        let e = HashExtras {
+            cache_salt: Some("s".into()),
+            lora: Some(("a".into(), "/p".into())),
+        };
         let tokens: Vec<u32> = (0..37).map(|i| (i * 7919) % 50_000).collect();
         let one_shot = chain(&e, 4, &tokens);
         let mut inc = Vec::new();
@@ -257,15 +305,42 @@ mod tests {
         // enters the first sub-block, the LoRA (name and path) every sub-block.
         let t: Vec<u32> = (0..8).collect();
         let plain = chain(&HashExtras::default(), 4, &t);
-        let salt = chain(&HashExtras { cache_salt: Some("foo".into()), lora: None }, 4, &t);
-        let lora = chain(&HashExtras { cache_salt: None, lora: Some(("foo".into(), "/a".into())) }, 4, &t);
-        let lora2 = chain(&HashExtras { cache_salt: None, lora: Some(("foo".into(), "/b".into())) }, 4, &t);
+        let salt = chain(
+            &HashExtras {
+                cache_salt: Some("foo".into()),
+                lora: None,
+            },
+            4,
+            &t,
+        );
+        let lora = chain(
+            &HashExtras {
+                cache_salt: None,
+                lora: Some(("foo".into(), "/a".into())),
+            },
+            4,
+            &t,
+        );
+        let lora2 = chain(
+            &HashExtras {
+                cache_salt: None,
+                lora: Some(("foo".into(), "/b".into())),
+            },
+            4,
+            &t,
+        );
         assert_ne!(salt[0], lora[0]);
         assert_ne!(salt[0], plain[0]);
         assert_ne!(lora[0], lora2[0]);
-        let ex = EncodedExtras::new(&HashExtras { cache_salt: Some("foo".into()), lora: None });
+        let ex = EncodedExtras::new(&HashExtras {
+            cache_salt: Some("foo".into()),
+            lora: None,
+        });
         assert_eq!(ex.rest, vec![CBOR_NULL], "salt only on the first sub-block");
-        let ex = EncodedExtras::new(&HashExtras { cache_salt: None, lora: Some(("foo".into(), "/a".into())) });
+        let ex = EncodedExtras::new(&HashExtras {
+            cache_salt: None,
+            lora: Some(("foo".into(), "/a".into())),
+        });
         assert_eq!(ex.first, ex.rest, "lora on every sub-block");
     }
 }

@@ -7,6 +7,8 @@
 //! of the same block, which makes the flat map an implicit trie: the longest match inside a block is
 //! a walk of successive hashes that stops at the first one without holders.
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -25,7 +27,11 @@ pub(crate) struct SubBlockIndex {
 
 impl SubBlockIndex {
     pub fn new(num_blocks: u32) -> Self {
-        SubBlockIndex { map: FxHashMap::default(), lists: vec![Vec::new(); num_blocks as usize], num_indexed_blocks: 0 }
+        SubBlockIndex {
+            map: FxHashMap::default(),
+            lists: vec![Vec::new(); num_blocks as usize],
+            num_indexed_blocks: 0,
+        }
     }
 
     /// Blocks holding the sub-block named `h` (empty when none).
@@ -56,7 +62,10 @@ impl SubBlockIndex {
 
     /// How many leading hashes of `query` have a holder (walk stops at the first miss).
     pub fn match_depth(&self, query: &[BlockHash]) -> usize {
-        query.iter().take_while(|h| self.map.contains_key(h)).count()
+        query
+            .iter()
+            .take_while(|h| self.map.contains_key(h))
+            .count()
     }
 
     /// RBLN's `longest_match` (the manager walks per block with [`Self::match_depth`]).
@@ -77,7 +86,11 @@ impl SubBlockIndex {
     pub fn extend(&mut self, b: BlockId, hashes: &[BlockHash]) -> usize {
         let list = &mut self.lists[b as usize];
         let cur = list.len();
-        debug_assert_eq!(&list[..cur.min(hashes.len())], &hashes[..cur.min(hashes.len())], "block {b} holds other sub-blocks");
+        debug_assert_eq!(
+            &list[..cur.min(hashes.len())],
+            &hashes[..cur.min(hashes.len())],
+            "block {b} holds other sub-blocks"
+        );
         if hashes.len() <= cur {
             return hashes.len();
         }
@@ -91,7 +104,10 @@ impl SubBlockIndex {
             if holders.is_empty() && first_fresh == hashes.len() {
                 first_fresh = i;
             }
-            debug_assert!(holders.is_empty() || first_fresh == hashes.len(), "fresh hashes must form a suffix");
+            debug_assert!(
+                holders.is_empty() || first_fresh == hashes.len(),
+                "fresh hashes must form a suffix"
+            );
             holders.push(b);
         }
         first_fresh
@@ -106,11 +122,17 @@ impl SubBlockIndex {
         }
         self.num_indexed_blocks -= 1;
         for h in &list {
-            let holders = self.map.get_mut(h).expect("indexed hash has holders");
-            let pos = holders.iter().position(|&x| x == b).expect("block is a holder of its hashes");
+            let Entry::Occupied(mut e) = self.map.entry(*h) else {
+                panic!("indexed hash {h:?} has no holders")
+            };
+            let holders = e.get_mut();
+            let pos = holders
+                .iter()
+                .position(|&x| x == b)
+                .expect("block is a holder of its hashes");
             holders.swap_remove(pos);
             if holders.is_empty() {
-                self.map.remove(h);
+                e.remove();
                 orphaned.push(*h);
             }
         }
@@ -143,14 +165,18 @@ impl SubBlockIndex {
             for h in list {
                 let hs = self.holders(h);
                 if hs.iter().filter(|&&x| x == b as BlockId).count() != 1 {
-                    return Err(format!("block {b} lists {h:?} but is not its holder exactly once"));
+                    return Err(format!(
+                        "block {b} lists {h:?} but is not its holder exactly once"
+                    ));
                 }
                 pairs += 1;
             }
         }
         let total: usize = self.map.values().map(|v| v.len()).sum();
         if total != pairs {
-            return Err(format!("index: {total} holder entries but {pairs} listed sub-blocks"));
+            return Err(format!(
+                "index: {total} holder entries but {pairs} listed sub-blocks"
+            ));
         }
         if self.map.values().any(|v| v.is_empty()) {
             return Err("index: hash without holders".into());
@@ -171,7 +197,13 @@ mod tests {
 
     fn hashes() -> Vec<BlockHash> {
         let mut h = Vec::new();
-        extend_chain(&root_hash(DEFAULT_HASH_SEED), &EncodedExtras::new(&HashExtras::default()), 2, &[1, 2, 3, 4, 5, 6], &mut h);
+        extend_chain(
+            &root_hash(DEFAULT_HASH_SEED),
+            &EncodedExtras::new(&HashExtras::default()),
+            2,
+            &[1, 2, 3, 4, 5, 6],
+            &mut h,
+        );
         h
     }
 
@@ -192,13 +224,21 @@ mod tests {
         let h = hashes();
         let mut idx = SubBlockIndex::new(32);
         idx.extend(10, &h);
-        assert_eq!(idx.extend(20, &h[..2]), 2, "nothing new: both hashes already held");
+        assert_eq!(
+            idx.extend(20, &h[..2]),
+            2,
+            "nothing new: both hashes already held"
+        );
         let (b, d) = idx.longest_match(&h);
         assert!(b == Some(10) || b == Some(20));
         assert_eq!(d, 3);
         let mut orphaned = Vec::new();
         idx.pop(10, &mut orphaned);
-        assert_eq!(orphaned, vec![h[2]], "only the hash no one else holds is orphaned");
+        assert_eq!(
+            orphaned,
+            vec![h[2]],
+            "only the hash no one else holds is orphaned"
+        );
         assert_eq!(idx.longest_match(&h), (Some(20), 2));
         idx.pop(7, &mut orphaned); // unknown id: no-op
         assert_eq!(orphaned.len(), 1);

@@ -30,7 +30,11 @@ pub(crate) struct GroupHit {
     pub partial: Option<PartialHit>,
 }
 
-pub(crate) fn find_longest_hit(m: &KvManager, hashes: &[BlockHash], num_tokens: usize) -> Option<PrefixHit> {
+pub(crate) fn find_longest_hit(
+    m: &KvManager,
+    hashes: &[BlockHash],
+    num_tokens: usize,
+) -> Option<PrefixHit> {
     if num_tokens == 0 {
         return None;
     }
@@ -42,8 +46,13 @@ pub(crate) fn find_longest_hit(m: &KvManager, hashes: &[BlockHash], num_tokens: 
             l = full_hit(m, g, hashes, l);
         }
     }
-    let sliding: Vec<usize> = (0..m.groups.len()).filter(|&g| m.windows[g].is_some()).collect();
-    let mut memos: Vec<Vec<u8>> = sliding.iter().map(|_| vec![0u8; max_sub / m.spb + 1]).collect();
+    let sliding: Vec<usize> = (0..m.groups.len())
+        .filter(|&g| m.windows[g].is_some())
+        .collect();
+    let mut memos: Vec<Vec<u8>> = sliding
+        .iter()
+        .map(|_| vec![0u8; max_sub / m.spb + 1])
+        .collect();
     loop {
         let before = l;
         for (i, &g) in sliding.iter().enumerate() {
@@ -75,7 +84,13 @@ fn full_hit(m: &KvManager, g: usize, hashes: &[BlockHash], lim: usize) -> usize 
 
 /// Sliding window: largest servable length `<= cur` sub-blocks. `memo[b]`: 0 unknown, 1 block b
 /// fully cached, 2 not.
-fn sliding_hit(m: &KvManager, g: usize, hashes: &[BlockHash], mut cur: usize, memo: &mut [u8]) -> usize {
+fn sliding_hit(
+    m: &KvManager,
+    g: usize,
+    hashes: &[BlockHash],
+    mut cur: usize,
+    memo: &mut [u8],
+) -> usize {
     let w = m.windows[g].expect("sliding group");
     let (idx, bs, sbs, spb) = (&m.indexes[g], m.bs, m.sbs, m.spb);
     'candidates: while cur > 0 {
@@ -94,7 +109,11 @@ fn sliding_hit(m: &KvManager, g: usize, hashes: &[BlockHash], mut cur: usize, me
         }
         for b in (skipped / bs..nfb).rev() {
             if memo[b] == 0 {
-                memo[b] = if idx.has(&hashes[(b + 1) * spb - 1]) { 1 } else { 2 };
+                memo[b] = if idx.has(&hashes[(b + 1) * spb - 1]) {
+                    1
+                } else {
+                    2
+                };
             }
             if memo[b] == 2 {
                 cur = (b + 1) * spb - 1;
@@ -117,20 +136,33 @@ fn build(m: &KvManager, hashes: &[BlockHash], l: usize) -> PrefixHit {
             let skipped = m.skipped_tokens(g, tokens);
             let skip_blocks = skipped / bs;
             let entries = (0..nfb)
-                .map(|b| if b < skip_blocks { NULL_BLOCK } else { pick_shared(m, g, &hashes[(b + 1) * spb - 1]) })
+                .map(|b| {
+                    if b < skip_blocks {
+                        NULL_BLOCK
+                    } else {
+                        pick_shared(m, g, &hashes[(b + 1) * spb - 1])
+                    }
+                })
                 .collect();
-            let partial = (k > 0 && skipped < tokens).then(|| pick_partial(m, g, &hashes[l - 1], k));
+            let partial =
+                (k > 0 && skipped < tokens).then(|| pick_partial(m, g, &hashes[l - 1], k));
             super::lookup::GroupHit { entries, partial }
         })
         .collect();
-    PrefixHit { num_tokens: tokens as u32, groups }
+    PrefixHit {
+        num_tokens: tokens as u32,
+        groups,
+    }
 }
 
 /// A holder to share: one already referenced if any (sharing it costs no free block).
 fn pick_shared(m: &KvManager, g: usize, h: &BlockHash) -> BlockId {
     let hs = m.indexes[g].holders(h);
     debug_assert!(!hs.is_empty());
-    hs.iter().copied().find(|&b| m.pools[g].ref_count(b) > 0).unwrap_or(hs[0])
+    hs.iter()
+        .copied()
+        .find(|&b| m.pools[g].ref_count(b) > 0)
+        .unwrap_or(hs[0])
 }
 
 /// The partial block's source: an adoptable block if any (zero copy), else a referenced holder
@@ -144,5 +176,8 @@ fn pick_partial(m: &KvManager, g: usize, h: &BlockHash, k: usize) -> PartialHit 
         .find(|&b| m.adoptable(g, b, k))
         .or_else(|| hs.iter().copied().find(|&b| m.pools[g].ref_count(b) > 0))
         .unwrap_or(hs[0]);
-    PartialHit { src, num_sub: k as u32 }
+    PartialHit {
+        src,
+        num_sub: k as u32,
+    }
 }

@@ -9,8 +9,8 @@ use super::lookup::{self, GroupHit};
 use super::pool::BlockPool;
 use super::seq::SeqKv;
 use super::{
-    Allocation, AttnKind, BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvGroup, KvMetrics, NoSpace, PrefixHit,
-    NULL_BLOCK,
+    Allocation, BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvGroup, KvMetrics, NoSpace,
+    PrefixHit, NULL_BLOCK,
 };
 use crate::error::{Error, Result};
 
@@ -38,12 +38,12 @@ pub struct KvManager {
     pub(crate) pools: Vec<BlockPool>,
     pub(crate) indexes: Vec<SubBlockIndex>,
     /// Free blocks that hold indexed sub-blocks, per group.
-    cached_free: Vec<u32>,
+    pub(crate) cached_free: Vec<u32>,
     queued_ops: Vec<CopyOp>,
     /// Pins of `queued_ops` (not yet taken).
-    queued_pins: Vec<(u32, BlockId)>,
+    pub(crate) queued_pins: Vec<(u32, BlockId)>,
     /// Pins of ops taken for the step in flight.
-    inflight_pins: Vec<(u32, BlockId)>,
+    pub(crate) inflight_pins: Vec<(u32, BlockId)>,
     events: EventLog,
     counters: Counters,
     orphans: Vec<BlockHash>,
@@ -80,16 +80,29 @@ impl KvManager {
         }
         for (g, &n) in config.num_blocks.iter().enumerate() {
             if n < 2 {
-                return err(format!("kv.num_blocks[{g}] must be >= 2: block 0 is reserved (got {n})"));
+                return err(format!(
+                    "kv.num_blocks[{g}] must be >= 2: block 0 is reserved (got {n})"
+                ));
             }
         }
         if config.max_num_batched_tokens == 0 {
             return err("kv.max_num_batched_tokens must be >= 1 (got 0)".into());
         }
         let root = root_hash(config.hash_seed.as_deref().unwrap_or(DEFAULT_HASH_SEED));
-        let windows = groups.iter().map(|g| g.kind.window().map(|w| w as usize)).collect();
-        let pools = config.num_blocks.iter().map(|&n| BlockPool::new(n)).collect();
-        let indexes = config.num_blocks.iter().map(|&n| SubBlockIndex::new(n)).collect();
+        let windows = groups
+            .iter()
+            .map(|g| g.kind.window().map(|w| w as usize))
+            .collect();
+        let pools = config
+            .num_blocks
+            .iter()
+            .map(|&n| BlockPool::new(n))
+            .collect();
+        let indexes = config
+            .num_blocks
+            .iter()
+            .map(|&n| SubBlockIndex::new(n))
+            .collect();
         let (bs, sbs) = (config.block_size as usize, config.sub_block_size as usize);
         Ok(KvManager {
             cached_free: vec![0; groups.len()],
@@ -141,7 +154,10 @@ impl KvManager {
     /// Extends `seq`'s hash chain over the complete sub-blocks of `tokens` (the request's whole token
     /// list so far; incremental: only the unhashed suffix is hashed). Never pass draft tokens.
     pub fn hash_tokens(&self, seq: &mut SeqKv, tokens: &[u32]) {
-        debug_assert!(tokens.len() >= seq.tokens.len(), "hash_tokens: the token list only grows");
+        debug_assert!(
+            tokens.len() >= seq.tokens.len(),
+            "hash_tokens: the token list only grows"
+        );
         seq.num_tokens = tokens.len();
         if !self.config.enable_prefix_caching {
             return;
@@ -208,8 +224,15 @@ impl KvManager {
                 seq.tables.iter().all(|t| t.is_empty()),
                 "allocate: a PrefixHit can only be applied at admission (the request already has blocks)"
             );
-            assert_eq!(num_computed, hit.num_tokens as usize, "allocate: num_computed must equal hit.num_tokens");
-            assert_eq!(hit.groups.len(), ng, "allocate: PrefixHit from another manager");
+            assert_eq!(
+                num_computed, hit.num_tokens as usize,
+                "allocate: num_computed must equal hit.num_tokens"
+            );
+            assert_eq!(
+                hit.groups.len(),
+                ng,
+                "allocate: PrefixHit from another manager"
+            );
             self.validate_hit(seq, hit);
         }
         // 1. Sliding groups drop what the window can no longer reach.
@@ -262,7 +285,12 @@ impl KvManager {
             let dst = self.take_block(g);
             seq.tables[g][pos] = dst;
             let n = (num_sub * self.sbs) as u32;
-            self.queued_ops.push(CopyOp { group: g as u32, src, dst, num_tokens: n });
+            self.queued_ops.push(CopyOp {
+                group: g as u32,
+                src,
+                dst,
+                num_tokens: n,
+            });
             self.counters.copies += 1;
             self.counters.copied_tokens += n as u64;
             fresh += 1;
@@ -271,7 +299,9 @@ impl KvManager {
         for g in 0..ng {
             let skip_blocks = self.skipped_tokens(g, num_computed) / self.bs;
             while seq.tables[g].len() < target {
-                if seq.tables[g].len() < skip_blocks && seq.tables[g].len() == seq.num_null[g] as usize {
+                if seq.tables[g].len() < skip_blocks
+                    && seq.tables[g].len() == seq.num_null[g] as usize
+                {
                     seq.tables[g].push(NULL_BLOCK);
                     seq.num_null[g] += 1;
                 } else {
@@ -288,7 +318,9 @@ impl KvManager {
                 self.counters.prefix_hit_tokens += hit.map_or(0, |h| h.num_tokens as u64);
             }
         }
-        Ok(Allocation { num_new_blocks: fresh })
+        Ok(Allocation {
+            num_new_blocks: fresh,
+        })
     }
 
     /// Free blocks group `g` needs for this allocation plus the reservation.
@@ -463,8 +495,15 @@ impl KvManager {
                 let fresh = lo + self.indexes[g].extend(blk, &seq.hashes[lo..hi]);
                 if self.config.enable_events && fresh < hi {
                     let parent = (fresh > 0).then(|| seq.hashes[fresh - 1].to_u64());
-                    let hs: SmallVec<[u64; 32]> = seq.hashes[fresh..hi].iter().map(|h| h.to_u64()).collect();
-                    self.events.stored(g as u32, parent, &hs, &seq.tokens[fresh * sbs..hi * sbs], sbs as u32);
+                    let hs: SmallVec<[u64; 32]> =
+                        seq.hashes[fresh..hi].iter().map(|h| h.to_u64()).collect();
+                    self.events.stored(
+                        g as u32,
+                        parent,
+                        &hs,
+                        &seq.tokens[fresh * sbs..hi * sbs],
+                        sbs as u32,
+                    );
                 }
             }
         }
@@ -566,100 +605,5 @@ impl KvManager {
     /// Free blocks in group `g` (evictable cached blocks count as free).
     pub fn num_free_blocks(&self, g: usize) -> u32 {
         self.pools[g].num_free()
-    }
-
-    /// Reference count of block `b` of group `g` (request tables plus pinned copy sources).
-    pub fn ref_count(&self, g: usize, b: BlockId) -> u32 {
-        self.pools[g].ref_count(b)
-    }
-
-    /// Free blocks of group `g` in eviction order (head, reused first, to tail).
-    pub fn free_block_ids(&self, g: usize) -> Vec<BlockId> {
-        self.pools[g].free_ids().collect()
-    }
-
-    /// The sub-block hashes block `b` of group `g` holds in the prefix index (its first k
-    /// sub-blocks; empty when not indexed).
-    pub fn indexed_hashes(&self, g: usize, b: BlockId) -> &[BlockHash] {
-        self.indexes[g].list(b)
-    }
-
-    /// Blocks of group `g` holding the sub-block named `h`.
-    pub fn holders(&self, g: usize, h: &BlockHash) -> &[BlockId] {
-        self.indexes[g].holders(h)
-    }
-
-    /// Distinct sub-block hashes indexed in group `g`.
-    pub fn num_indexed_hashes(&self, g: usize) -> usize {
-        self.indexes[g].num_hashes()
-    }
-
-    /// Checks every structural invariant (ref counts equal holders, no block both free and
-    /// referenced, index entries agree with the requests' hash chains, free-list links). `seqs` are
-    /// all live requests' states. For tests; O(pool + index + tables).
-    pub fn check_invariants<'a>(&self, seqs: impl IntoIterator<Item = &'a SeqKv>) -> std::result::Result<(), String> {
-        let seqs: Vec<&SeqKv> = seqs.into_iter().collect();
-        for g in 0..self.groups.len() {
-            let (pool, idx) = (&self.pools[g], &self.indexes[g]);
-            pool.queue().check().map_err(|e| format!("group {g}: {e}"))?;
-            idx.check().map_err(|e| format!("group {g}: {e}"))?;
-            let n = pool.num_blocks() as usize;
-            let mut refs = vec![0u32; n];
-            for (si, seq) in seqs.iter().enumerate() {
-                let t = &seq.tables[g];
-                let nn = seq.num_null[g] as usize;
-                if nn > t.len() || t[..nn].iter().any(|&b| b != NULL_BLOCK) || t[nn..].contains(&NULL_BLOCK) {
-                    return Err(format!("group {g} seq {si}: table {t:?} is not nulls then blocks ({nn} nulls)"));
-                }
-                if self.groups[g].kind == AttnKind::Full && nn > 0 {
-                    return Err(format!("group {g} seq {si}: full-attention table has null entries"));
-                }
-                for (pos, &b) in t.iter().enumerate().skip(nn) {
-                    if b as usize >= n {
-                        return Err(format!("group {g} seq {si}: block {b} out of range"));
-                    }
-                    refs[b as usize] += 1;
-                    for (i, h) in idx.list(b).iter().enumerate() {
-                        if seq.hashes.get(pos * self.spb + i) != Some(h) {
-                            return Err(format!(
-                                "group {g} seq {si}: block {b} at table position {pos} is indexed with \
-                                 sub-block {i} = {h:?}, which is not the request's"
-                            ));
-                        }
-                    }
-                }
-            }
-            for &(pg, b) in self.queued_pins.iter().chain(&self.inflight_pins) {
-                if pg as usize == g {
-                    refs[b as usize] += 1;
-                    if !idx.is_indexed(b) {
-                        return Err(format!("group {g}: pinned copy source {b} is not indexed"));
-                    }
-                }
-            }
-            if refs[0] != 0 || pool.ref_count(0) != 0 || pool.is_free(0) {
-                return Err(format!("group {g}: the null block is referenced or free"));
-            }
-            let mut cached = 0;
-            for b in 1..n as BlockId {
-                let r = pool.ref_count(b);
-                if r != refs[b as usize] {
-                    return Err(format!("group {g}: block {b} has ref count {r} but {} holders", refs[b as usize]));
-                }
-                if (r == 0) != pool.is_free(b) {
-                    return Err(format!("group {g}: block {b} ref {r} but free = {}", pool.is_free(b)));
-                }
-                if r == 0 && idx.is_indexed(b) {
-                    cached += 1;
-                }
-            }
-            if cached != self.cached_free[g] {
-                return Err(format!("group {g}: {cached} cached free blocks, counter says {}", self.cached_free[g]));
-            }
-            if !self.config.enable_prefix_caching && idx.num_indexed_blocks() > 0 {
-                return Err(format!("group {g}: indexed blocks with prefix caching off"));
-            }
-        }
-        Ok(())
     }
 }

@@ -1,19 +1,131 @@
 //! The paged KV block manager: block pools, KV groups, the sub-block prefix index, copy-on-match.
 //!
-//! CONTRACT (written before the implementation; the scheduler is built against it). The names and
-//! signatures below are what `sched` calls. The implementation may add items, split this module into
-//! files (`pool.rs`, `hash.rs`, `index.rs`, `groups.rs`, `manager.rs`, `events.rs`, ...) and re-export
-//! from here, but keeps these public names and their meaning.
+//! The scheduler calls this API (the names were fixed first as a contract; see the change notes at
+//! the end). Semantics follow vLLM V1's block pool and prefix caching and RBLN's sub-block overlay
+//! (`shared/docs/scheduler.md` §5-7, §11), taking the better of the two where they differ.
 //!
-//! Model of memory: each KV group (producing layers of one attention type) has its own pool of
+//! # Model of memory
+//!
+//! Each KV group (the producing layers of one attention type, [`kv_groups`]) has its own pool of
 //! `num_blocks[g]` blocks, ids `0..num_blocks[g]`, block 0 reserved (the padding target, never handed
 //! out). A block id means the same token range in every layer of its group:
-//! `slot = block_id * block_size + offset`. Shared (KV-reusing) layers own no blocks.
+//! `slot = block_id * block_size + offset`. Shared (KV-reusing) layers own no blocks. Each request
+//! ([`SeqKv`]) has one block table per group; sliding groups put [`NULL_BLOCK`] where the window no
+//! longer reaches.
+//!
+//! # The prefix index
+//!
+//! `block_size` is the allocation unit, `sub_block_size` (divides it) the match unit. A request's
+//! sub-blocks are hashed in a chain, `h_i = SHA-256(CBOR([h_{i-1}, tokens_i, extras]))` (vLLM's
+//! `sha256_cbor`, so hashes and events interoperate). The chain is per request and the same for all
+//! groups; the index is per group:
+//!
+//! ```text
+//!   request tokens  |t0..t3|t4..t7|t8..tB|tC..tF|tG..tJ|        sub-block 4, block 8
+//!   hash chain       h0 --> h1 --> h2 --> h3 --> h4            (each h_i names the whole prefix)
+//!   block table     [   blk 7     |   blk 3     |  blk 9 ...]
+//!
+//!   index (group g):  hash -> holders          block -> ordered sub-block hashes (first k slots)
+//!                     h0 -> {7, 12}            7  -> [h0, h1]
+//!                     h1 -> {7}                12 -> [h0]          (a copy holding 1 sub-block)
+//!                     h2 -> {3}                3  -> [h2, h3]
+//!                     h3 -> {3}                9  -> [h4]          (a partial tail)
+//!                     h4 -> {9}
+//! ```
+//!
+//! A hash fixes its slot (sub-block `i` sits in slot `i % spb` of table entry `i / spb`) and a holder
+//! of `h_i` holds every earlier sub-block of its block, so the flat map is an implicit trie: a full
+//! block `b` is cached iff its last hash has a holder; the longest match inside a block is a walk of
+//! successive hashes that stops at the first miss.
+//!
+//! # A request's life (what the scheduler calls)
+//!
+//! 1. [`KvManager::new_seq`] + [`KvManager::hash_tokens`] (incremental; call again as tokens are
+//!    appended, never with draft tokens).
+//! 2. Admission: [`KvManager::lookup`] (no side effects) then [`KvManager::allocate`] with the hit,
+//!    right away. Full matched blocks are shared (ref + 1). A match ending inside a block gets a
+//!    private block plus a [`CopyOp`] (copy-on-match), or the source block itself when it is
+//!    unreferenced and holds exactly the matched sub-blocks (zero-copy *adoption*). Copy sources are
+//!    pinned. Running requests call `allocate` with `hit = None` for each new chunk / decode token.
+//! 3. [`KvManager::take_copy_ops`] for the step plan; the executor copies before the forward.
+//! 4. After execution: [`KvManager::commit_computed`] (indexes the newly computed sub-blocks, the
+//!    partial tail included), then [`KvManager::release_copy_sources`].
+//! 5. [`KvManager::free`] on finish / preemption / abort: tail first; blocks holding indexed
+//!    sub-blocks go to the LRU tail (kept longest), others to the head (reused first).
+//!
+//! # Decisions (where vLLM and RBLN differ, and why)
+//!
+//! * **Per-group pools** (vLLM: one id space for all groups). Groups differ in what they keep (a
+//!   sliding group holds ~window/block blocks per request, a full group the whole history), so each
+//!   pool is sized on its own and a sliding group's churn never evicts full-attention cache.
+//! * **Deferred indexing** (RBLN; vLLM registers at schedule time). Copies run *before* the forward,
+//!   so a same-step sibling must not copy sub-blocks that are not written yet. Cost: two identical
+//!   prompts admitted in the same step do not share (vLLM's "prefill dedup"); the next step does.
+//! * **Pins held until the update after execution** (RBLN; vLLM drops them at the end of
+//!   `schedule()`). Correct even when steps overlap or copies run off the compute stream.
+//! * **Every complete sub-block is indexed**, interior and tail, running or finished (RBLN's eager
+//!   indexing; vLLM registers only prompt tails as partial entries), so decode progress and
+//!   multi-turn histories are matchable.
+//! * **Retained partial tails** are first-class: "holds indexed sub-blocks" is what sends a freed
+//!   block to the LRU tail (RBLN needed a synthetic hash for this).
+//! * **Zero-copy adoption** (RBLN page-layout RFC, I5b; not in RBLN's default overlay): a partial
+//!   match whose source is unreferenced and holds exactly the matched sub-blocks takes that block,
+//!   so multi-turn chat copies nothing. A source holding *more* sub-blocks is copied, never
+//!   truncated (adopting it would overwrite indexed KV).
+//! * **Holder choice**: shared blocks and copy sources prefer already-referenced holders (no free
+//!   block is consumed); a partial match prefers an adoptable holder.
+//! * **LRU order exactly as vLLM** (unhashed to the head since vLLM PR #42656, hashed to the tail,
+//!   tail first per request, lazy eviction at allocation, duplicates allowed).
+//! * **Events deduplicated by holder count** (RBLN PR #553; vLLM emits one `Removed` per physical
+//!   copy, which makes routers drop hashes still resident elsewhere), tagged with the group (vLLM),
+//!   at sub-block granularity, consecutive `Stored` runs merged.
+//! * **Sliding windows at sub-block granularity**: a hit of L tokens needs the blocks holding
+//!   `[L - W + 1, L)` (vLLM needs whole blocks); hybrid hits use vLLM's fixed point. Out-of-window
+//!   blocks are released by the next `allocate`, even one that then fails (vLLM does the same: they
+//!   can never be read again). Admission reserves at most `ceil((W - 1 + max_num_batched_tokens) /
+//!   block_size) + 1` blocks per sliding group (vLLM's cap, issue #39734). Retention is dense (every
+//!   released sliding block stays cached in LRU order); vLLM's sparse retention is not implemented.
+//! * **Hash keys** are the full 32-byte SHA-256 digests, so no token verification is needed on hit;
+//!   the map hashes 8 bytes of the digest (already uniform).
+//! * **The full-hit corner case** (a block-aligned fully cached prompt): vLLM recomputes the whole
+//!   last block, here only the last sub-block (hits are capped at `num_tokens - 1`, then floored to a
+//!   sub-block).
+//!
+//! # Cost (n = blocks touched, s = sub-blocks per block, H = hash probes)
+//!
+//! | operation | cost |
+//! |---|---|
+//! | free-list pop / remove / append / prepend | O(1), no allocation |
+//! | `hash_tokens` | O(new tokens) SHA-256 (~11 ns/token measured) |
+//! | `lookup`, full attention | O(blocks of the hit + s) probes |
+//! | `lookup`, sliding window | O(blocks scanned) probes, each block probed once (memo) |
+//! | `allocate` | O(new table entries) + O(s) per evicted block |
+//! | `commit_computed` | O(newly computed sub-blocks) |
+//! | `free` | O(table length) |
+//! | `take_copy_ops` / `release_copy_sources` | O(ops) |
+//! | `reset_prefix_cache` | O(pool) |
+//! | `check_invariants` | O(pool + index + tables), tests only |
+//!
+//! Measured figures: `benches/RESULTS.md`, "KV block manager".
+//!
+//! # Files
+//!
+//! `groups.rs` (layers to groups), `pool.rs` (ref counts + intrusive LRU), `hashing.rs` (the chain),
+//! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (allocation,
+//! indexing, copies, frees, metrics), `inspect.rs` (introspection, `check_invariants`), `seq.rs`
+//! (per-request state), `events.rs`.
+//!
+//! # Changes to the contract
+//!
+//! Additive only, except: [`PrefixHit`] now carries a private plan (it can only come from
+//! [`KvManager::lookup`]); `allocate` releases out-of-window sliding blocks even when it returns
+//! `NoSpace`, and panics on a hit for a request that already holds blocks or on a stale hit.
 
 mod events;
 mod groups;
 mod hashing;
 mod index;
+mod inspect;
 mod lookup;
 mod manager;
 mod pool;

@@ -22,7 +22,11 @@ impl FreeQueue {
     /// An empty queue able to hold ids `0..capacity`.
     pub fn new(capacity: u32) -> Self {
         let n = capacity as usize;
-        let mut q = FreeQueue { prev: vec![NOT_LINKED; n + 1], next: vec![NOT_LINKED; n + 1], len: 0 };
+        let mut q = FreeQueue {
+            prev: vec![NOT_LINKED; n + 1],
+            next: vec![NOT_LINKED; n + 1],
+            len: 0,
+        };
         q.prev[n] = capacity;
         q.next[n] = capacity;
         q
@@ -41,7 +45,10 @@ impl FreeQueue {
     }
 
     fn link_after(&mut self, at: u32, id: BlockId) {
-        debug_assert!(!self.contains(id), "block {id} is already in the free queue");
+        debug_assert!(
+            !self.contains(id),
+            "block {id} is already in the free queue"
+        );
         let nxt = self.next[at as usize];
         self.prev[id as usize] = at;
         self.next[id as usize] = nxt;
@@ -143,7 +150,10 @@ impl BlockPool {
         for b in 1..num_blocks {
             free.push_back(b);
         }
-        BlockPool { ref_cnt: vec![0; num_blocks as usize], free }
+        BlockPool {
+            ref_cnt: vec![0; num_blocks as usize],
+            free,
+        }
     }
 
     /// Blocks including the reserved block 0.
@@ -268,9 +278,7 @@ mod tests {
     fn free_queue_appends_batches_in_order() {
         // FQ-2
         let mut q = FreeQueue::new(6);
-        for b in [0] {
-            q.push_back(b);
-        }
+        q.push_back(0);
         for b in [4, 5] {
             q.push_back(b);
         }

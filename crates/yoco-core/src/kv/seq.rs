@@ -47,7 +47,10 @@ impl SeqKv {
 
     /// Whether any group's table holds a real block.
     pub fn holds_blocks(&self) -> bool {
-        self.tables.iter().zip(&self.num_null).any(|(t, &n)| t.len() > n as usize)
+        self.tables
+            .iter()
+            .zip(&self.num_null)
+            .any(|(t, &n)| t.len() > n as usize)
     }
 
     /// Real (non-null) blocks held in group `g`.
@@ -60,7 +63,9 @@ impl Drop for SeqKv {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             debug_assert!(
-                self.tables.iter().all(|t| t.iter().all(|&b| b == NULL_BLOCK)),
+                self.tables
+                    .iter()
+                    .all(|t| t.iter().all(|&b| b == NULL_BLOCK)),
                 "SeqKv dropped while holding blocks: give it back with KvManager::free"
             );
         }

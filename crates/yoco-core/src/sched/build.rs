@@ -76,7 +76,10 @@ impl Scheduler {
         p.step_id = self.step_id;
         let num_rows = self.sched.len();
         let t: u32 = self.sched.iter().map(|s| s.num_new).sum();
-        debug_assert!(t <= self.cfg.max_num_batched_tokens, "token budget exceeded");
+        debug_assert!(
+            t <= self.cfg.max_num_batched_tokens,
+            "token budget exceeded"
+        );
         let t_pad = padded(&self.cfg.token_capture_sizes, t);
         let bs = self.cfg.kv.block_size;
         let groups = self.num_groups;
@@ -88,6 +91,13 @@ impl Scheduler {
         p.seq_lens.reserve(num_rows);
         p.query_start_loc.reserve(num_rows + 1);
         p.cross_query_start_loc.reserve(num_rows + 1);
+        // Exact capacities: after `take_plan` (the Python path) the buffers start empty each step.
+        p.logits_indices.reserve(num_rows);
+        p.sample_rows.reserve(num_rows);
+        p.logits_cross_pos.reserve(num_rows);
+        p.dirty_rows.reserve(num_rows);
+        p.cross_indices
+            .reserve(num_rows.max(padded(&self.cfg.cross_capture_sizes, num_rows as u32) as usize));
         p.input_ids.reserve(t_pad as usize);
         p.positions.reserve(t_pad as usize);
         p.slot_mapping.resize(groups * t_pad as usize, 0);
@@ -98,7 +108,9 @@ impl Scheduler {
         let mut t0 = 0u32;
         for k in 0..num_rows {
             let sc = self.sched[k];
-            let r = self.reqs[sc.slot as usize].as_mut().expect("scheduled slot");
+            let r = self.reqs[sc.slot as usize]
+                .as_mut()
+                .expect("scheduled slot");
             let seq = r.kv.as_ref().expect("scheduled request holds KV state");
             let row = r.row;
             let start = r.num_computed;
@@ -116,11 +128,15 @@ impl Scheduler {
                 } else {
                     dirty |= self.tables.sync_row(row, g, table);
                 }
-                let slots = &mut p.slot_mapping[g * t_pad as usize + t0 as usize..][..sc.num_new as usize];
+                let slots =
+                    &mut p.slot_mapping[g * t_pad as usize + t0 as usize..][..sc.num_new as usize];
                 for (i, s) in slots.iter_mut().enumerate() {
                     let pos = start + i as u32;
                     let block = table[(pos / bs) as usize];
-                    debug_assert!(block != NULL_BLOCK, "a computed position maps to a real block");
+                    debug_assert!(
+                        block != NULL_BLOCK,
+                        "a computed position maps to a real block"
+                    );
                     *s = block as i64 * bs as i64 + (pos % bs) as i64;
                 }
             }
@@ -131,7 +147,11 @@ impl Scheduler {
             p.req_ids.push(r.id);
             p.req_rows.push(row as i32);
             p.seq_lens.push(end as i32);
-            p.input_ids.extend(r.tokens[start as usize..end as usize].iter().map(|&x| x as i32));
+            p.input_ids.extend(
+                r.tokens[start as usize..end as usize]
+                    .iter()
+                    .map(|&x| x as i32),
+            );
             p.positions.extend((start..end).map(|x| x as i64));
             let t1 = t0 + sc.num_new;
             p.query_start_loc.push(t1 as i32);
@@ -153,7 +173,11 @@ impl Scheduler {
             p.cross_query_start_loc.push(p.cross_indices.len() as i32);
 
             r.num_computed = end;
-            self.pending.push(Pending { slot: sc.slot, seq_no: r.seq_no, samples });
+            self.pending.push(Pending {
+                slot: sc.slot,
+                seq_no: r.seq_no,
+                samples,
+            });
             t0 = t1;
         }
 
@@ -168,8 +192,14 @@ impl Scheduler {
         }
 
         for op in self.kv.take_copy_ops() {
-            p.kv_copies.extend_from_slice(&[op.group as i32, op.src as i32, op.dst as i32, op.num_tokens as i32]);
+            p.kv_copies.extend_from_slice(&[
+                op.group as i32,
+                op.src as i32,
+                op.dst as i32,
+                op.num_tokens as i32,
+            ]);
         }
+        self.pending_samples = p.logits_indices.len();
         self.awaiting_update = num_rows > 0;
         self.plan = p;
     }

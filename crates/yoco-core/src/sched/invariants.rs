@@ -13,34 +13,64 @@ pub(super) fn check(s: &Scheduler) -> Result<(), String> {
     for (&id, &slot) in &s.by_id {
         match s.reqs.get(slot as usize).and_then(|r| r.as_ref()) {
             Some(r) if r.id == id => {}
-            _ => return Err(format!("id {id} maps to slot {slot}, which does not hold it")),
+            _ => {
+                return Err(format!(
+                    "id {id} maps to slot {slot}, which does not hold it"
+                ))
+            }
         }
     }
     if s.running.len() + s.waiting.len() != live {
-        return Err(format!("{} running + {} waiting != {live} live", s.running.len(), s.waiting.len()));
+        return Err(format!(
+            "{} running + {} waiting != {live} live",
+            s.running.len(),
+            s.waiting.len()
+        ));
     }
     if s.running.len() > s.cfg.max_num_seqs as usize {
-        return Err(format!("{} running > max_num_seqs {}", s.running.len(), s.cfg.max_num_seqs));
+        return Err(format!(
+            "{} running > max_num_seqs {}",
+            s.running.len(),
+            s.cfg.max_num_seqs
+        ));
     }
     let mut rows = HashSet::new();
     for &slot in &s.running {
         let r = s.req(slot);
         if r.status != Status::Running {
-            return Err(format!("request {} in running has status {:?}", r.id, r.status));
+            return Err(format!(
+                "request {} in running has status {:?}",
+                r.id, r.status
+            ));
         }
         if r.row == NO_ROW || r.row >= s.cfg.max_num_seqs || !rows.insert(r.row) {
-            return Err(format!("request {} has an invalid or duplicate row {}", r.id, r.row));
+            return Err(format!(
+                "request {} has an invalid or duplicate row {}",
+                r.id, r.row
+            ));
         }
         if r.num_computed > r.num_tokens() {
-            return Err(format!("request {} computed {} of {} tokens", r.id, r.num_computed, r.num_tokens()));
+            return Err(format!(
+                "request {} computed {} of {} tokens",
+                r.id,
+                r.num_computed,
+                r.num_tokens()
+            ));
         }
-        let Some(seq) = r.kv.as_ref() else { return Err(format!("running request {} has no KV state", r.id)) };
+        let Some(seq) = r.kv.as_ref() else {
+            return Err(format!("running request {} has no KV state", r.id));
+        };
         for g in 0..s.num_groups {
             s.tables.check_row(r.row, g, seq.table(g))?;
         }
     }
-    if s.free_rows.iter().any(|r| rows.contains(&r.0)) || s.free_rows.len() + rows.len() != s.cfg.max_num_seqs as usize {
-        return Err(format!("free rows {:?} do not complement running rows {rows:?}", s.free_rows));
+    if s.free_rows.iter().any(|r| rows.contains(&r.0))
+        || s.free_rows.len() + rows.len() != s.cfg.max_num_seqs as usize
+    {
+        return Err(format!(
+            "free rows {:?} do not complement running rows {rows:?}",
+            s.free_rows
+        ));
     }
     let mut seen = HashSet::new();
     for slot in s.waiting.iter() {
@@ -48,8 +78,14 @@ pub(super) fn check(s: &Scheduler) -> Result<(), String> {
             return Err(format!("slot {slot} queued twice"));
         }
         let r = s.req(slot);
-        if !matches!(r.status, Status::Waiting | Status::Preempted) || r.row != NO_ROW || r.num_computed != 0 {
-            return Err(format!("waiting request {} has status {:?}, row {}, computed {}", r.id, r.status, r.row, r.num_computed));
+        if !matches!(r.status, Status::Waiting | Status::Preempted)
+            || r.row != NO_ROW
+            || r.num_computed != 0
+        {
+            return Err(format!(
+                "waiting request {} has status {:?}, row {}, computed {}",
+                r.id, r.status, r.row, r.num_computed
+            ));
         }
         if r.status == Status::Waiting && r.num_preemptions != 0 {
             return Err(format!("request {} was preempted but is marked new", r.id));

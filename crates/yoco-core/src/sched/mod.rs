@@ -23,4 +23,6 @@ mod validate;
 
 pub use plan::{FinishReason, StepOutcome, StepPlan, NOT_FINISHED};
 pub use request::NewRequest;
-pub use scheduler::{Policy, Scheduler, SchedulerConfig, SchedulerStats, DEFAULT_MAX_ADMISSION_SKIPS};
+pub use scheduler::{
+    Policy, Scheduler, SchedulerConfig, SchedulerStats, DEFAULT_MAX_ADMISSION_SKIPS,
+};

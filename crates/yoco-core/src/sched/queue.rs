@@ -24,7 +24,10 @@ pub(super) struct WaitingQueue {
 
 impl WaitingQueue {
     pub fn new(policy: Policy) -> Self {
-        WaitingQueue { policy, items: VecDeque::new() }
+        WaitingQueue {
+            policy,
+            items: VecDeque::new(),
+        }
     }
 
     pub fn len(&self) -> usize {

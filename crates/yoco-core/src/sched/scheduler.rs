@@ -60,7 +60,8 @@ impl SchedulerConfig {
     /// (capped at 1 << 20) unless set afterwards.
     pub fn new(layers: Vec<LayerKind>, block_size: u32, num_blocks: u32) -> Result<Self> {
         let groups = kv_groups(&layers)?;
-        let max_model_len = (num_blocks.saturating_sub(1) as u64 * block_size as u64).clamp(1, 1 << 20) as u32;
+        let max_model_len =
+            (num_blocks.saturating_sub(1) as u64 * block_size as u64).clamp(1, 1 << 20) as u32;
         Ok(SchedulerConfig {
             layers,
             kv: KvConfig {
@@ -134,6 +135,8 @@ pub struct Scheduler {
     pub(super) sched: Vec<Scheduled>,
     /// The last plan's rows, for `update`.
     pub(super) pending: Vec<Pending>,
+    /// Sampling rows among `pending`.
+    pub(super) pending_samples: usize,
     /// A plan was handed out and `update` has not consumed it.
     pub(super) awaiting_update: bool,
 }
@@ -166,6 +169,7 @@ impl Scheduler {
             num_preemptions: 0,
             sched: Vec::new(),
             pending: Vec::new(),
+            pending_samples: 0,
             awaiting_update: false,
         })
     }
@@ -174,10 +178,15 @@ impl Scheduler {
     /// when the pool could never hold it).
     pub fn add_request(&mut self, req: NewRequest) -> Result<()> {
         if self.by_id.contains_key(&req.id) {
-            return Err(Error::Request(format!("request id {} is already live; ids must be unique among unfinished requests", req.id)));
+            return Err(Error::Request(format!(
+                "request id {} is already live; ids must be unique among unfinished requests",
+                req.id
+            )));
         }
         validate::request(&self.cfg, self.kv.groups(), &req)?;
-        let mut seq = self.kv.new_seq(req.hash_extras.clone(), req.prompt_logprobs);
+        let mut seq = self
+            .kv
+            .new_seq(req.hash_extras.clone(), req.prompt_logprobs);
         self.kv.hash_tokens(&mut seq, &req.prompt);
         let seq_no = self.next_seq_no;
         self.next_seq_no += 1;
@@ -217,7 +226,10 @@ impl Scheduler {
     /// When the previous non-empty plan was not consumed by [`Scheduler::update`] (check
     /// [`Scheduler::awaiting_update`]); overlapping steps are not supported.
     pub fn schedule(&mut self) -> &StepPlan {
-        assert!(!self.awaiting_update, "schedule() called before update() consumed the previous plan");
+        assert!(
+            !self.awaiting_update,
+            "schedule() called before update() consumed the previous plan"
+        );
         self.schedule_step();
         &self.plan
     }
@@ -290,6 +302,25 @@ impl Scheduler {
         std::mem::take(&mut self.outcome)
     }
 
+    /// Gives back the buffers of a plan moved out with [`Scheduler::take_plan`] once its user is
+    /// done, so the next `schedule` writes into warm, already allocated memory.
+    pub fn recycle_plan(&mut self, mut old: StepPlan) {
+        if self.plan.req_ids.capacity() < old.req_ids.capacity() {
+            old.clear();
+            self.plan = old;
+        }
+    }
+
+    /// As [`Scheduler::recycle_plan`], for outcomes.
+    pub fn recycle_outcome(&mut self, mut old: StepOutcome) {
+        if self.outcome.req_ids.capacity() < old.req_ids.capacity() {
+            old.req_ids.clear();
+            old.new_tokens.clear();
+            old.finish_reasons.clear();
+            self.outcome = old;
+        }
+    }
+
     /// True between a non-empty `schedule` and its `update`.
     pub fn awaiting_update(&self) -> bool {
         self.awaiting_update
@@ -331,10 +362,16 @@ impl Scheduler {
 
     /// Removes a live request from wherever it is and returns everything it holds.
     fn remove(&mut self, id: u64) -> bool {
-        let Some(&slot) = self.by_id.get(&id) else { return false };
+        let Some(&slot) = self.by_id.get(&id) else {
+            return false;
+        };
         match self.req(slot).status {
             Status::Running => {
-                let i = self.running.iter().position(|&s| s == slot).expect("running request is listed");
+                let i = self
+                    .running
+                    .iter()
+                    .position(|&s| s == slot)
+                    .expect("running request is listed");
                 self.running.remove(i);
             }
             Status::Waiting | Status::Preempted => {
@@ -360,7 +397,10 @@ impl Scheduler {
     }
 
     pub(super) fn take_row(&mut self) -> u32 {
-        self.free_rows.pop().expect("a free row while running < max_num_seqs").0
+        self.free_rows
+            .pop()
+            .expect("a free row while running < max_num_seqs")
+            .0
     }
 
     pub(super) fn release_row(&mut self, row: u32) {
@@ -370,5 +410,17 @@ impl Scheduler {
     /// Checks every invariant the scheduler keeps, and the block manager's (O(pool); tests).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         super::invariants::check(self)
+    }
+}
+
+impl Drop for Scheduler {
+    /// Gives every live request's KV state back, so dropping a busy scheduler (engine shutdown)
+    /// is not mistaken for a leak.
+    fn drop(&mut self) {
+        for r in self.reqs.iter_mut().flatten() {
+            if let Some(seq) = r.kv.take() {
+                self.kv.free(seq);
+            }
+        }
     }
 }

@@ -42,7 +42,13 @@ impl StopParams {
     /// length-capped request stops whatever `min_tokens` says.
     ///
     /// `num_output` counts the output tokens including `token`; `num_tokens` is the sequence length.
-    pub fn check(&self, token: u32, num_output: u32, num_tokens: u32, max_model_len: u32) -> Option<FinishReason> {
+    pub fn check(
+        &self,
+        token: u32,
+        num_output: u32,
+        num_tokens: u32,
+        max_model_len: u32,
+    ) -> Option<FinishReason> {
         if num_output >= self.min_tokens {
             if !self.ignore_eos && self.eos.contains(&token) {
                 return Some(FinishReason::Stop);
@@ -172,7 +178,10 @@ mod tests {
         assert_eq!(p.check(2, 3, 13, 100), Some(FinishReason::Stop));
         // Reaching max_model_len below min_tokens still stops.
         assert_eq!(p.check(7, 2, 100, 100), Some(FinishReason::Length));
-        let p = StopParams { max_tokens: 2, ..params(3, false) };
+        let p = StopParams {
+            max_tokens: 2,
+            ..params(3, false)
+        };
         assert_eq!(p.check(7, 2, 12, 100), Some(FinishReason::Length));
     }
 

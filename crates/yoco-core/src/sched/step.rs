@@ -15,7 +15,11 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         // vLLM 0.33: the per-request chunk cap is ignored when a request is alone.
         let threshold = self.cfg.long_prefill_token_threshold;
-        let cap = if threshold > 0 && self.num_unfinished() > 1 { threshold } else { u32::MAX };
+        let cap = if threshold > 0 && self.num_unfinished() > 1 {
+            threshold
+        } else {
+            u32::MAX
+        };
         let preempted = self.schedule_running(&mut budget, cap);
         if !preempted {
             self.admit_waiting(&mut budget, cap);
@@ -38,9 +42,16 @@ impl Scheduler {
             loop {
                 let r = self.reqs[slot as usize].as_mut().expect("running slot");
                 let seq = r.kv.as_mut().expect("running request holds KV state");
-                match self.kv.allocate(seq, None, r.num_computed as usize, n as usize, 0) {
+                match self
+                    .kv
+                    .allocate(seq, None, r.num_computed as usize, n as usize, 0)
+                {
                     Ok(_) => {
-                        self.sched.push(Scheduled { slot, num_new: n, admitted: false });
+                        self.sched.push(Scheduled {
+                            slot,
+                            num_new: n,
+                            admitted: false,
+                        });
                         *budget -= n;
                         i += 1;
                         break;
@@ -136,9 +147,18 @@ impl Scheduler {
             let seq = r.kv.as_mut().expect("KV state just ensured");
             let hit = self.kv.lookup(seq, num_tokens as usize);
             let computed = hit.as_ref().map_or(0, |h| h.num_tokens);
-            debug_assert!(computed < num_tokens, "a prefix hit never covers the last token");
+            debug_assert!(
+                computed < num_tokens,
+                "a prefix hit never covers the last token"
+            );
             let n = (num_tokens - computed).min(cap).min(*budget);
-            match self.kv.allocate(seq, hit.as_ref(), computed as usize, n as usize, num_tokens as usize) {
+            match self.kv.allocate(
+                seq,
+                hit.as_ref(),
+                computed as usize,
+                n as usize,
+                num_tokens as usize,
+            ) {
                 Ok(_) => {
                     r.num_computed = computed;
                     r.status = Status::Running;
@@ -148,7 +168,11 @@ impl Scheduler {
                     self.req_mut(slot).row = row;
                     self.waiting.remove_at(i);
                     self.running.push(slot);
-                    self.sched.push(Scheduled { slot, num_new: n, admitted: true });
+                    self.sched.push(Scheduled {
+                        slot,
+                        num_new: n,
+                        admitted: true,
+                    });
                     self.plan.admitted_ids.push(id);
                     self.plan.admitted_rows.push(row as i32);
                     self.plan.admitted_num_cached.push(computed as i32);
@@ -170,7 +194,9 @@ impl Scheduler {
 
     /// An `n > 1` sibling waits until the request it follows has computed its prompt (or ended).
     fn blocked_by_sibling(&self, slot: u32) -> bool {
-        let Some(after) = self.req(slot).after else { return false };
+        let Some(after) = self.req(slot).after else {
+            return false;
+        };
         match self.by_id.get(&after) {
             Some(&s) => !self.req(s).prompt_computed(),
             None => false,

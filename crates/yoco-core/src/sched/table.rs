@@ -27,7 +27,9 @@ impl BlockTables {
         BlockTables {
             num_groups,
             max_blocks,
-            data: (0..num_groups).map(|_| vec![0; max_num_seqs * max_blocks]).collect(),
+            data: (0..num_groups)
+                .map(|_| vec![0; max_num_seqs * max_blocks])
+                .collect(),
             len: vec![0; max_num_seqs * num_groups],
             nulls: vec![0; max_num_seqs * num_groups],
         }
@@ -45,7 +47,10 @@ impl BlockTables {
     /// holder of the row left beyond the new length.
     pub fn write_row(&mut self, row: u32, g: usize, table: &[BlockId]) {
         let k = row as usize * self.num_groups + g;
-        assert!(table.len() <= self.max_blocks, "block table longer than max_blocks_per_seq");
+        assert!(
+            table.len() <= self.max_blocks,
+            "block table longer than max_blocks_per_seq"
+        );
         let base = row as usize * self.max_blocks;
         let dst = &mut self.data[g][base..base + self.max_blocks];
         for (d, &b) in dst.iter_mut().zip(table) {
@@ -72,8 +77,14 @@ impl BlockTables {
         if table.len() == old_len && nulls == old_nulls {
             return false;
         }
-        assert!(table.len() <= self.max_blocks, "block table longer than max_blocks_per_seq");
-        assert!(table.len() >= old_len, "a running request's block table never shrinks");
+        assert!(
+            table.len() <= self.max_blocks,
+            "block table longer than max_blocks_per_seq"
+        );
+        assert!(
+            table.len() >= old_len,
+            "a running request's block table never shrinks"
+        );
         let base = row as usize * self.max_blocks;
         let dst = &mut self.data[g][base..base + self.max_blocks];
         for i in old_nulls..table.len() {
@@ -91,7 +102,9 @@ impl BlockTables {
         let want = table.iter().map(|&b| b as i32).chain(std::iter::repeat(0));
         for (i, (&have, want)) in dst.iter().zip(want).enumerate() {
             if have != want {
-                return Err(format!("block table group {g} row {row} entry {i}: {have} != {want} (table {table:?})"));
+                return Err(format!(
+                    "block table group {g} row {row} entry {i}: {have} != {want} (table {table:?})"
+                ));
             }
         }
         Ok(())

@@ -12,18 +12,35 @@ impl Scheduler {
         self.outcome.req_ids.clear();
         self.outcome.new_tokens.clear();
         self.outcome.finish_reasons.clear();
-        let expected = if self.awaiting_update { self.pending.iter().filter(|p| p.samples).count() } else { 0 };
+        let expected = if self.awaiting_update {
+            self.pending_samples
+        } else {
+            0
+        };
         if sampled.len() != expected {
-            let why = if self.awaiting_update { "one per logits_indices entry of the last plan" } else { "no plan awaits update" };
-            return Err(Error::Request(format!("update: expected {expected} sampled token ids ({why}), got {}", sampled.len())));
+            let why = if self.awaiting_update {
+                "one per logits_indices entry of the last plan"
+            } else {
+                "no plan awaits update"
+            };
+            return Err(Error::Request(format!(
+                "update: expected {expected} sampled token ids ({why}), got {}",
+                sampled.len()
+            )));
         }
         if let Some(i) = sampled.iter().position(|&t| t < 0) {
-            return Err(Error::Request(format!("update: sampled[{i}] = {} is not a token id (must be >= 0)", sampled[i])));
+            return Err(Error::Request(format!(
+                "update: sampled[{i}] = {} is not a token id (must be >= 0)",
+                sampled[i]
+            )));
         }
         if !self.awaiting_update {
             return Ok(());
         }
         self.awaiting_update = false;
+        self.outcome.req_ids.reserve(expected);
+        self.outcome.new_tokens.reserve(expected);
+        self.outcome.finish_reasons.reserve(expected);
 
         let max_model_len = self.cfg.max_model_len;
         let mut next = 0;
@@ -37,7 +54,10 @@ impl Scheduler {
                 None
             };
             // Aborted or finished between schedule and update (maybe its slot reused since).
-            let Some(r) = self.reqs[p.slot as usize].as_mut().filter(|r| r.seq_no == p.seq_no) else {
+            let Some(r) = self.reqs[p.slot as usize]
+                .as_mut()
+                .filter(|r| r.seq_no == p.seq_no)
+            else {
                 continue;
             };
             let seq = r.kv.as_mut().expect("a running request holds KV state");
@@ -45,10 +65,14 @@ impl Scheduler {
             let Some(token) = token else { continue };
             r.tokens.push(token);
             self.kv.hash_tokens(seq, &r.tokens);
-            let reason = r.stop.check(token, r.num_output(), r.num_tokens(), max_model_len);
+            let reason = r
+                .stop
+                .check(token, r.num_output(), r.num_tokens(), max_model_len);
             self.outcome.req_ids.push(r.id);
             self.outcome.new_tokens.push(token as i32);
-            self.outcome.finish_reasons.push(reason.map_or(NOT_FINISHED, |x| x as u8));
+            self.outcome
+                .finish_reasons
+                .push(reason.map_or(NOT_FINISHED, |x| x as u8));
             if reason.is_some() {
                 r.finishing = true;
                 num_finished += 1;

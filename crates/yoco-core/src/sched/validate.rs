@@ -11,7 +11,10 @@ pub(super) fn config(c: &SchedulerConfig) -> Result<()> {
         return bad("max_num_seqs must be >= 1, got 0".into());
     }
     if c.max_num_seqs > i32::MAX as u32 {
-        return bad(format!("max_num_seqs must fit in int32, got {}", c.max_num_seqs));
+        return bad(format!(
+            "max_num_seqs must fit in int32, got {}",
+            c.max_num_seqs
+        ));
     }
     if c.max_num_batched_tokens == 0 {
         return bad("max_num_batched_tokens must be >= 1, got 0".into());
@@ -20,21 +23,34 @@ pub(super) fn config(c: &SchedulerConfig) -> Result<()> {
         return bad("max_model_len must be >= 1, got 0".into());
     }
     if c.max_model_len > i32::MAX as u32 {
-        return bad(format!("max_model_len must fit in int32 positions, got {}", c.max_model_len));
+        return bad(format!(
+            "max_model_len must fit in int32 positions, got {}",
+            c.max_model_len
+        ));
     }
     if c.kv.block_size == 0 {
         return bad("block_size must be >= 1, got 0".into());
     }
-    for (name, sizes) in [("token_capture_sizes", &c.token_capture_sizes), ("cross_capture_sizes", &c.cross_capture_sizes)] {
+    for (name, sizes) in [
+        ("token_capture_sizes", &c.token_capture_sizes),
+        ("cross_capture_sizes", &c.cross_capture_sizes),
+    ] {
         if sizes.windows(2).any(|w| w[0] >= w[1]) || sizes.first() == Some(&0) {
-            return bad(format!("{name} must be strictly ascending positive sizes, got {sizes:?}"));
+            return bad(format!(
+                "{name} must be strictly ascending positive sizes, got {sizes:?}"
+            ));
         }
     }
     Ok(())
 }
 
 /// Blocks group `g` must be able to give one request of `len` tokens at once.
-pub(super) fn blocks_needed(group: &KvGroup, len: u32, block_size: u32, max_num_batched_tokens: u32) -> u32 {
+pub(super) fn blocks_needed(
+    group: &KvGroup,
+    len: u32,
+    block_size: u32,
+    max_num_batched_tokens: u32,
+) -> u32 {
     let full = len.div_ceil(block_size);
     match group.kind {
         AttnKind::Full => full,
@@ -63,7 +79,15 @@ pub(super) fn request(c: &SchedulerConfig, groups: &[KvGroup], r: &NewRequest) -
         return bad("max_tokens must be >= 1, got 0".into());
     }
     if r.min_tokens > r.max_tokens {
-        return bad(format!("min_tokens = {} exceeds max_tokens = {}; use min_tokens <= max_tokens", r.min_tokens, r.max_tokens));
+        return bad(format!(
+            "min_tokens = {} exceeds max_tokens = {}; use min_tokens <= max_tokens",
+            r.min_tokens, r.max_tokens
+        ));
+    }
+    if r.after == Some(r.id) {
+        return bad(
+            "after names the request itself; it must name another (earlier) request".into(),
+        );
     }
     let len = (r.prompt.len() as u64 + r.max_tokens as u64).min(c.max_model_len as u64) as u32;
     for (g, group) in groups.iter().enumerate() {

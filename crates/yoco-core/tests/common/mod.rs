@@ -19,11 +19,21 @@ pub fn config(bs: u32, num_blocks: u32) -> SchedulerConfig {
 
 /// Distinct pseudo-random tokens in `16..VOCAB` (seeded).
 pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    (0..n).map(|i| 16 + (yoco_core::mock::mix64(seed.wrapping_mul(1_000_003) + i as u64) % (VOCAB as u64 - 16)) as u32).collect()
+    (0..n)
+        .map(|i| {
+            16 + (yoco_core::mock::mix64(seed.wrapping_mul(1_000_003) + i as u64)
+                % (VOCAB as u64 - 16)) as u32
+        })
+        .collect()
 }
 
 pub fn req(id: u64, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
-    NewRequest { id, prompt, max_tokens, ..Default::default() }
+    NewRequest {
+        id,
+        prompt,
+        max_tokens,
+        ..Default::default()
+    }
 }
 
 /// Tokens per row of a plan.
@@ -42,7 +52,9 @@ pub struct Driver {
 impl Driver {
     pub fn new(c: SchedulerConfig) -> Self {
         let s = Scheduler::new(c).unwrap();
-        let mock = MockExecutor::new(VOCAB).first_token(16).simulating_kv_of(&s);
+        let mock = MockExecutor::new(VOCAB)
+            .first_token(16)
+            .simulating_kv_of(&s);
         Driver { s, mock, steps: 0 }
     }
 
@@ -60,7 +72,9 @@ impl Driver {
 
     /// Samples the last plan with the mock and applies it.
     pub fn finish_step(&mut self) -> StepOutcome {
-        let tables: Vec<&[i32]> = (0..self.s.num_groups()).map(|g| self.s.block_table(g)).collect();
+        let tables: Vec<&[i32]> = (0..self.s.num_groups())
+            .map(|g| self.s.block_table(g))
+            .collect();
         let sampled = self.mock.sample(self.s.plan(), &tables).to_vec();
         let out = self.s.update(&sampled).unwrap().clone();
         self.s.check_invariants().unwrap();
@@ -93,7 +107,12 @@ impl Driver {
 
 /// The output of one request alone (no cache, no stop ids, no min_tokens), from the mock's
 /// reference function.
-pub fn reference_output(mock: &MockExecutor, prompt: &[u32], max_tokens: u32, eos: &[u32]) -> Vec<u32> {
+pub fn reference_output(
+    mock: &MockExecutor,
+    prompt: &[u32],
+    max_tokens: u32,
+    eos: &[u32],
+) -> Vec<u32> {
     let mut ctx = prompt.to_vec();
     let mut out = Vec::new();
     while (out.len() as u32) < max_tokens {
@@ -111,15 +130,25 @@ pub fn reference_output(mock: &MockExecutor, prompt: &[u32], max_tokens: u32, eo
 pub fn check_plan(s: &Scheduler, p: &StepPlan) {
     let c = s.config();
     let r = p.num_rows();
-    assert!(p.num_tokens <= c.max_num_batched_tokens, "token budget exceeded: {}", p.num_tokens);
+    assert!(
+        p.num_tokens <= c.max_num_batched_tokens,
+        "token budget exceeded: {}",
+        p.num_tokens
+    );
     assert!(r <= c.max_num_seqs as usize);
     assert_eq!(p.query_start_loc.len(), if r == 0 { 1 } else { r + 1 });
     assert_eq!(p.query_start_loc[0], 0);
     assert_eq!(*p.query_start_loc.last().unwrap() as u32, p.num_tokens);
-    assert!(p.query_start_loc.windows(2).all(|w| w[1] > w[0]), "every row schedules >= 1 token");
+    assert!(
+        p.query_start_loc.windows(2).all(|w| w[1] > w[0]),
+        "every row schedules >= 1 token"
+    );
     assert_eq!(p.input_ids.len(), p.num_tokens_padded as usize);
     assert_eq!(p.positions.len(), p.num_tokens_padded as usize);
-    assert_eq!(p.slot_mapping.len(), s.num_groups() * p.num_tokens_padded as usize);
+    assert_eq!(
+        p.slot_mapping.len(),
+        s.num_groups() * p.num_tokens_padded as usize
+    );
     let t = p.num_tokens as usize;
     let tp = p.num_tokens_padded as usize;
     assert!(p.input_ids[t..].iter().all(|&x| x == 0) && p.positions[t..].iter().all(|&x| x == 0));
@@ -128,38 +157,73 @@ pub fn check_plan(s: &Scheduler, p: &StepPlan) {
     let mut rows = std::collections::HashSet::new();
     for k in 0..r {
         assert!(rows.insert(p.req_rows[k]), "rows unique");
-        let (a, b) = (p.query_start_loc[k] as usize, p.query_start_loc[k + 1] as usize);
+        let (a, b) = (
+            p.query_start_loc[k] as usize,
+            p.query_start_loc[k + 1] as usize,
+        );
         for tok in a..b {
-            assert_eq!(p.positions[tok], (p.seq_lens[k] as usize - (b - tok)) as i64, "positions end at seq_len - 1");
+            assert_eq!(
+                p.positions[tok],
+                (p.seq_lens[k] as usize - (b - tok)) as i64,
+                "positions end at seq_len - 1"
+            );
             for g in 0..s.num_groups() {
                 let pos = p.positions[tok];
-                let block = s.block_table(g)[p.req_rows[k] as usize * mbps + (pos / bs) as usize] as i64;
+                let block =
+                    s.block_table(g)[p.req_rows[k] as usize * mbps + (pos / bs) as usize] as i64;
                 assert!(block > 0, "computed token in a real block");
-                assert_eq!(p.slot_mapping[g * tp + tok], block * bs + pos % bs, "slot mapping follows the table");
+                assert_eq!(
+                    p.slot_mapping[g * tp + tok],
+                    block * bs + pos % bs,
+                    "slot mapping follows the table"
+                );
             }
         }
     }
     for g in 0..s.num_groups() {
-        assert!(p.slot_mapping[g * tp + t..(g + 1) * tp].iter().all(|&x| (0..bs).contains(&x)), "padding writes block 0");
+        assert!(
+            p.slot_mapping[g * tp + t..(g + 1) * tp]
+                .iter()
+                .all(|&x| (0..bs).contains(&x)),
+            "padding writes block 0"
+        );
     }
     // Sampling and cross selection.
     assert_eq!(p.sample_rows.len(), p.logits_indices.len());
     assert_eq!(p.logits_cross_pos.len(), p.logits_indices.len());
     for (s_, &row) in p.sample_rows.iter().enumerate() {
-        assert_eq!(p.logits_indices[s_], p.query_start_loc[row as usize + 1] - 1, "samples at the row's last token");
-        assert_eq!(p.cross_indices[p.logits_cross_pos[s_] as usize], p.logits_indices[s_]);
+        assert_eq!(
+            p.logits_indices[s_],
+            p.query_start_loc[row as usize + 1] - 1,
+            "samples at the row's last token"
+        );
+        assert_eq!(
+            p.cross_indices[p.logits_cross_pos[s_] as usize],
+            p.logits_indices[s_]
+        );
     }
     assert!(p.sample_rows.windows(2).all(|w| w[0] < w[1]));
     let x = p.num_cross as usize;
     assert_eq!(p.cross_indices.len(), p.num_cross_padded as usize);
-    assert!(p.cross_indices[..x].windows(2).all(|w| w[0] < w[1]), "cross rows ascending");
+    assert!(
+        p.cross_indices[..x].windows(2).all(|w| w[0] < w[1]),
+        "cross rows ascending"
+    );
     if x > 0 {
-        assert!(p.cross_indices[x..].iter().all(|&i| i == p.cross_indices[x - 1]), "padding repeats the last index");
+        assert!(
+            p.cross_indices[x..]
+                .iter()
+                .all(|&i| i == p.cross_indices[x - 1]),
+            "padding repeats the last index"
+        );
     }
     assert_eq!(p.cross_query_start_loc.len(), p.query_start_loc.len());
     assert_eq!(*p.cross_query_start_loc.last().unwrap() as usize, x);
     for k in 0..r {
-        let (a, b) = (p.cross_query_start_loc[k] as usize, p.cross_query_start_loc[k + 1] as usize);
+        let (a, b) = (
+            p.cross_query_start_loc[k] as usize,
+            p.cross_query_start_loc[k + 1] as usize,
+        );
         // A row's cross rows are the trailing tokens of its chunk.
         let end = p.query_start_loc[k + 1];
         for (j, ci) in (a..b).enumerate() {

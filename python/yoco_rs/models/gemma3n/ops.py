@@ -44,7 +44,8 @@ def rope_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[T, D]`` for absolute ``positions [T]``, computed in float32 and cast to ``dtype``."""
     freqs = positions[:, None].float() * inv_freq.to(device=positions.device, dtype=torch.float)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -71,5 +72,4 @@ def rms(x: torch.Tensor) -> torch.Tensor:
     return torch.mean(x**2, dim=-1, keepdim=True) ** 0.5
 
 
-INV_SQRT2 = 1.0 / math.sqrt(2.0)
 SQRT2 = math.sqrt(2.0)
