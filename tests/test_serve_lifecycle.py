@@ -103,7 +103,6 @@ def _finish_reasons(lines):
             if c.get("choices") and c["choices"][0]["finish_reason"]]
 
 
-@pytest.mark.heavy
 def test_sigterm_drains_in_flight_requests_then_exits_0():
     srv = CliServer("--max-model-len", "256", "--max-num-seqs", "2", "--shutdown-timeout", "60",
                     "--kv-cache-memory", "32MiB")

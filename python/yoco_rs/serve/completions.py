@@ -112,11 +112,11 @@ class _Ctx:
                         continue
                     logprobs = None
                     if req.logprobs is not None:
-                        lp = lps.get(idx) or lps.setdefault(idx, CompletionLogprobs(self.text))
-                        body = lp.block(toks, co.delta_logprobs) if not (first and req.echo) else None
-                        if first and req.echo:
-                            body = merge_blocks(self._echo_block(lp, i, plps.get(i)), lp.block(toks, co.delta_logprobs))
-                        logprobs = body
+                        lp = lps.setdefault(idx, CompletionLogprobs(self.text))
+                        head = self._echo_block(lp, i, plps.get(i)) if first and req.echo else None
+                        logprobs = lp.block(toks, co.delta_logprobs)
+                        if head is not None:
+                            logprobs = merge_blocks(head, logprobs)
                     if first and req.echo:
                         text = self.prompts[i].text + text
                     choice = {"index": idx, "text": text, "logprobs": logprobs,
