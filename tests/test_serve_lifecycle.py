@@ -10,7 +10,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from serve_helpers import CliServer, LiveServer
 from yoco_rs.serve import ServerSettings, create_app
