@@ -97,21 +97,3 @@ def test_vllm_prefix_and_deprecated_names_on_request(srv):
     plain = ServerState(srv.engine, ServerSettings(served_model_names=["m"]))
     names = {f.name for f in text_string_to_metric_families(generate_latest(ServerMetrics(plain).registry).decode())}
     assert "yoco:gpu_cache_usage_perc" not in names and "yoco:kv_cache_usage_perc" in names
-
-
-def test_cross_decoder_rows_equal_scheduled_tokens_without_fast_prefill():
-    from types import SimpleNamespace
-
-    from yoco_rs.metrics import EngineMetrics
-
-    def exported(fast_prefill):
-        cfg = SimpleNamespace(kv_sharing_fast_prefill=fast_prefill, block_size=16, sub_block_size=16,
-                              enable_prefix_caching=True, num_gpu_blocks_override=None, max_model_len=64,
-                              max_num_seqs=4, max_num_batched_tokens=64, dtype="float32")
-        eng = SimpleNamespace(config=cfg, get_metrics=lambda: EngineMetrics(scheduled_tokens=100, cross_rows=10))
-        text = generate_latest(ServerMetrics(ServerState(eng, ServerSettings(served_model_names=["m"]))).registry)
-        fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
-        return fams["yoco:cross_decoder_rows"].samples[0].value
-
-    assert exported(True) == 10
-    assert exported(False) == 100

@@ -375,6 +375,11 @@ class AsyncEngine:
         return self._loaded().kv_capacity_tokens
 
     @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: token ids in ``[0, vocab_size)`` are valid prompt tokens."""
+        return self._loaded().vocab_size
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """Loaded synchronously by the constructor (usable before the model is ready)."""
         return self._tokenizer

@@ -59,9 +59,12 @@ class Engine:
         self.model_name: str = rt.model_name
         self.max_model_len: int = rt.config.max_model_len
         self.kv_capacity_tokens: int = rt.kv_capacity_tokens
+        self.vocab_size: int = rt.vocab_size
+        """Token ids in ``[0, vocab_size)`` are valid prompt tokens."""
         self._sched = rt.scheduler
         self._exec = rt.executor
         self._runner = rt.runner
+        self._fast_prefill = bool(rt.config.kv_sharing_fast_prefill)
         self._sampler = rt.sampler
         self._text = rt.text
         self._tok = rt.tokenizer
@@ -300,7 +303,8 @@ class Engine:
         with m.lock:
             m.counters["num_steps"] += 1
             m.counters["scheduled_tokens"] += int(plan.num_tokens)
-            m.counters["cross_rows"] += int(plan.num_cross)
+            # Rows that ran the cross-decoder: the selection with fast prefill, every token without.
+            m.counters["cross_rows"] += int(plan.num_cross if self._fast_prefill else plan.num_tokens)
             m.counters["generation_tokens"] += len(outcome)
             m.hist["iteration_tokens"].observe(int(plan.num_tokens))
         self._core_stats = self._sched.stats()

@@ -69,13 +69,6 @@ _YOCO_GAUGES = [
 ]
 
 
-def _fast_prefill(engine) -> bool:
-    try:
-        return bool(engine.config.kv_sharing_fast_prefill)
-    except Exception:
-        return True
-
-
 def _hist_buckets(snap) -> list:
     return [(floatToGoString(le), float(c)) for le, c in snap.cumulative()]
 
@@ -128,10 +121,7 @@ class EngineCollector:
                     h = HistogramMetricFamily(f"{prefix}:{n}", doc, labels=LABELS)
                     h.add_metric(values, _hist_buckets(snap), float(snap.sum))
                     yield h
-        fast_prefill = _fast_prefill(st.engine)
         for field, name, doc in _YOCO_COUNTERS:
-            if field == "cross_rows" and not fast_prefill:
-                field = "scheduled_tokens"  # without fast prefill every token runs the cross-decoder
             c = CounterMetricFamily(f"yoco:{name}", doc, labels=LABELS)
             c.add_metric(values, float(getattr(m, field)))
             yield c
