@@ -98,12 +98,12 @@ impl KvManager {
             .iter()
             .map(|&n| BlockPool::new(n))
             .collect();
+        let (bs, sbs) = (config.block_size as usize, config.sub_block_size as usize);
         let indexes = config
             .num_blocks
             .iter()
-            .map(|&n| SubBlockIndex::new(n))
+            .map(|&n| SubBlockIndex::new(n, bs / sbs, config.enable_prefix_caching))
             .collect();
-        let (bs, sbs) = (config.block_size as usize, config.sub_block_size as usize);
         Ok(KvManager {
             cached_free: vec![0; groups.len()],
             groups,
@@ -148,6 +148,8 @@ impl KvManager {
             num_committed: 0,
             num_indexed_sub: 0,
             admitted: false,
+            fast_total: 0,
+            fast_computed: 0,
         }
     }
 
@@ -165,7 +167,10 @@ impl KvManager {
         if self.config.enable_events && tokens.len() > seq.tokens.len() {
             seq.tokens.extend_from_slice(&tokens[seq.tokens.len()..]);
         }
-        extend_chain(&self.root, &seq.extras, self.sbs, tokens, &mut seq.hashes);
+        // Most calls (one decode token) complete no sub-block: skip the chain walk.
+        if tokens.len() >= (seq.hashes.len() + 1) * self.sbs {
+            extend_chain(&self.root, &seq.extras, self.sbs, tokens, &mut seq.hashes);
+        }
     }
 
     /// Longest reusable prefix of a request with `num_tokens` tokens whose chain is hashed. No side
@@ -219,6 +224,19 @@ impl KvManager {
     ) -> std::result::Result<Allocation, NoSpace> {
         let ng = self.groups.len();
         let total = num_computed + num_new;
+        // Fast path: a running request whose tables already cover the new tokens and whose
+        // sliding windows release nothing (most decode steps); exact, see `SeqKv::fast_total`.
+        if hit.is_none()
+            && reserve_tokens == 0
+            && total <= seq.fast_total
+            && num_computed < seq.fast_computed
+        {
+            debug_assert!(seq.admitted);
+            return Ok(Allocation { num_new_blocks: 0 });
+        }
+        // The full path may change the tables: the limits are recomputed on success.
+        seq.fast_total = 0;
+        seq.fast_computed = 0;
         if let Some(hit) = hit {
             assert!(
                 seq.tables.iter().all(|t| t.is_empty()),
@@ -318,9 +336,29 @@ impl KvManager {
                 self.counters.prefix_hit_tokens += hit.map_or(0, |h| h.num_tokens as u64);
             }
         }
+        (seq.fast_total, seq.fast_computed) = self.fast_limits(seq);
         Ok(Allocation {
             num_new_blocks: fresh,
         })
+    }
+
+    /// `seq`'s allocation fast-path limits `(fast_total, fast_computed)`, from its tables. Tokens up to
+    /// `min_g len_g * block_size` have slots in every group; a sliding group with `n` leading
+    /// nulls and live blocks releases its next block once `floor((num_computed - (W - 1)) /
+    /// block_size) > n` (see [`Self::release_out_of_window`]), i.e. from `num_computed = (n + 1) *
+    /// block_size + W - 1` on.
+    pub(crate) fn fast_limits(&self, seq: &SeqKv) -> (usize, usize) {
+        let (mut total, mut computed) = (usize::MAX, usize::MAX);
+        for (g, table) in seq.tables.iter().enumerate() {
+            total = total.min(table.len() * self.bs);
+            if let Some(w) = self.windows[g] {
+                let nulls = seq.num_null[g] as usize;
+                if table.len() > nulls {
+                    computed = computed.min((nulls + 1) * self.bs + w - 1);
+                }
+            }
+        }
+        (total, computed)
     }
 
     /// Free blocks group `g` needs for this allocation plus the reservation.
@@ -470,7 +508,12 @@ impl KvManager {
             seq.tables[0].len() * self.bs
         );
         seq.num_committed = num_computed;
-        if self.config.enable_prefix_caching {
+        // Most calls (one decode token) complete no new hashed sub-block: nothing to index.
+        let next = seq.num_indexed_sub + 1;
+        if self.config.enable_prefix_caching
+            && num_computed >= next * self.sbs
+            && seq.hashes.len() >= next
+        {
             let upto = (num_computed / self.sbs).min(seq.hashes.len());
             self.index_seq(seq, upto);
         }
