@@ -91,14 +91,39 @@ fn main() {
         "gemma3n" => gemma3n(),
         other => panic!("--layout {other}: full or gemma3n"),
     };
-    let mut s = decoding(n, steps, layers);
+    let mut s = decoding(n, steps, layers.clone());
     let sampled = vec![100i32; n as usize];
     let t = cpu_time::thread_ns();
     measured_steps(&mut s, &sampled, steps);
     let ns = cpu_time::thread_ns() - t;
     assert_eq!(s.stats().num_running, n, "no request finished or was preempted");
+    // The halves, timed separately on a fresh run (two more clock reads per step).
+    let mut s = decoding(n, steps, layers);
+    let (mut sched_ns, mut update_ns) = (0, 0);
+    // By step phase modulo the block size: the lockstep requests all complete a block together.
+    let mut phase = [(0u64, 0u64); 16];
+    for i in 0..steps {
+        let t0 = cpu_time::thread_ns();
+        s.schedule();
+        let t1 = cpu_time::thread_ns();
+        s.update(&sampled).unwrap();
+        let t2 = cpu_time::thread_ns();
+        sched_ns += t1 - t0;
+        update_ns += t2 - t1;
+        phase[i as usize % 16].0 += t1 - t0;
+        phase[i as usize % 16].1 += t2 - t1;
+    }
+    if std::env::var_os("PHASES").is_some() {
+        for (k, (a, b)) in phase.iter().enumerate() {
+            let per = |x: u64| x as f64 / (steps / 16) as f64 / 1e3;
+            println!("phase {k:2}: schedule {:7.2} update {:7.2}", per(*a), per(*b));
+        }
+    }
+    let per = |x: u64| x as f64 / steps as f64 / 1e3;
     println!(
-        "layout {layout}, N {n}, {steps} steps: {:.2} us/step (thread CPU)",
-        ns as f64 / steps as f64 / 1e3
+        "layout {layout}, N {n}, {steps} steps: {:.2} us/step (thread CPU); schedule {:.2} + update {:.2}",
+        per(ns),
+        per(sched_ns),
+        per(update_ns)
     );
 }

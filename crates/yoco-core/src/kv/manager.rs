@@ -138,8 +138,8 @@ impl KvManager {
     pub fn new_seq(&self, extras: HashExtras, skip_prefix_read: bool) -> SeqKv {
         let n = self.groups.len();
         SeqKv {
-            tables: vec![Vec::new(); n],
-            num_null: vec![0; n],
+            tables: (0..n).map(|_| Vec::new()).collect(),
+            num_null: SmallVec::from_elem(0, n),
             hashes: Vec::new(),
             extras: EncodedExtras::new(&extras),
             skip_prefix_read,

@@ -42,6 +42,7 @@ impl StopParams {
     /// length-capped request stops whatever `min_tokens` says.
     ///
     /// `num_output` counts the output tokens including `token`; `num_tokens` is the sequence length.
+    #[inline]
     pub fn check(
         &self,
         token: u32,
@@ -65,7 +66,12 @@ impl StopParams {
 }
 
 /// One live request.
+///
+/// Layout: `repr(C)` puts what every step reads (ids, counters, tokens, stop data, then the KV
+/// state, whose own hot fields come first) at the front and what only admission or preemption read
+/// at the end, so a decode step touches few cache lines per request.
 #[derive(Debug)]
+#[repr(C)]
 pub(super) struct Req {
     pub id: u64,
     /// Arrival counter, unique over the scheduler's life: the FCFS/priority tie-break, and the
@@ -75,24 +81,24 @@ pub(super) struct Req {
     pub tokens: Vec<u32>,
     pub num_prompt: u32,
     pub num_computed: u32,
-    pub status: Status,
     /// Persistent row while running, else [`NO_ROW`].
     pub row: u32,
+    pub status: Status,
+    pub prompt_logprobs: bool,
+    /// Stopped in the `update` being applied; released at its end.
+    pub finishing: bool,
+    pub stop: StopParams,
     /// KV state. `None` only after a preemption, until the request is admitted again (its chain is
     /// rehashed then, lazily, so a preemption costs nothing until it matters).
     pub kv: Option<SeqKv>,
-    pub stop: StopParams,
     pub priority: i32,
-    pub extras: HashExtras,
-    pub prompt_logprobs: bool,
-    pub after: Option<u64>,
     /// Steps in which this request failed admission and later requests were tried past it.
     pub skips: u32,
     /// The step of the last counted skip (a skip counts once per step).
     pub last_skip_step: u64,
     pub num_preemptions: u32,
-    /// Stopped in the `update` being applied; released at its end.
-    pub finishing: bool,
+    pub after: Option<u64>,
+    pub extras: HashExtras,
 }
 
 impl Req {
@@ -156,6 +162,15 @@ mod tests {
             stop: SmallVec::from_slice(&[42]),
             ignore_eos,
         }
+    }
+
+    #[test]
+    fn hot_fields_of_a_request_share_the_first_cache_lines() {
+        // Not behaviour, but the point of the `repr(C)` order: the stop data and the KV state's
+        // per-step fields start within the first 256 bytes.
+        let stop = std::mem::offset_of!(Req, stop);
+        let kv = std::mem::offset_of!(Req, kv);
+        assert!(stop < 64 && kv < 128, "stop at {stop}, kv at {kv}");
     }
 
     #[test]
