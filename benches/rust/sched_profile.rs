@@ -96,7 +96,11 @@ fn main() {
     let t = cpu_time::thread_ns();
     measured_steps(&mut s, &sampled, steps);
     let ns = cpu_time::thread_ns() - t;
-    assert_eq!(s.stats().num_running, n, "no request finished or was preempted");
+    assert_eq!(
+        s.stats().num_running,
+        n,
+        "no request finished or was preempted"
+    );
     // The halves, timed separately on a fresh run (two more clock reads per step).
     let mut s = decoding(n, steps, layers);
     let (mut sched_ns, mut update_ns) = (0, 0);
@@ -116,7 +120,11 @@ fn main() {
     if std::env::var_os("PHASES").is_some() {
         for (k, (a, b)) in phase.iter().enumerate() {
             let per = |x: u64| x as f64 / (steps / 16) as f64 / 1e3;
-            println!("phase {k:2}: schedule {:7.2} update {:7.2}", per(*a), per(*b));
+            println!(
+                "phase {k:2}: schedule {:7.2} update {:7.2}",
+                per(*a),
+                per(*b)
+            );
         }
     }
     let per = |x: u64| x as f64 / steps as f64 / 1e3;

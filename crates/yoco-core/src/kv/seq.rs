@@ -12,12 +12,7 @@ pub(crate) type Tables = SmallVec<[Vec<BlockId>; 2]>;
 /// hashes of its tokens. Give it back with [`KvManager::free`](super::KvManager::free) (by value, so
 /// a double free cannot be written); dropping one that still holds blocks is a bug (asserted in
 /// debug builds).
-///
-/// Layout: `repr(C)` keeps what every decode step reads (the fast-path limits, counters, table and
-/// chain headers) together at the front, so a step touches few cache lines per request; what only
-/// hashing, events or admission read comes last.
 #[derive(Debug)]
-#[repr(C)]
 pub struct SeqKv {
     /// Allocation fast path ([`KvManager::allocate`](super::KvManager::allocate)): while
     /// `num_computed + num_new <= fast_total` and `num_computed < fast_computed`, a running

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::plan::FinishReason;
 use super::request::NewRequest;
-use crate::kv::{HashExtras, SeqKv};
+use crate::kv::SeqKv;
 
 /// Where a live request is. Finished requests are removed, so they have no status here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,12 +66,7 @@ impl StopParams {
 }
 
 /// One live request.
-///
-/// Layout: `repr(C)` puts what every step reads (ids, counters, tokens, stop data, then the KV
-/// state, whose own hot fields come first) at the front and what only admission or preemption read
-/// at the end, so a decode step touches few cache lines per request.
 #[derive(Debug)]
-#[repr(C)]
 pub(super) struct Req {
     pub id: u64,
     /// Arrival counter, unique over the scheduler's life: the FCFS/priority tie-break, and the
@@ -88,8 +83,8 @@ pub(super) struct Req {
     /// Stopped in the `update` being applied; released at its end.
     pub finishing: bool,
     pub stop: StopParams,
-    /// KV state. `None` only after a preemption, until the request is admitted again (its chain is
-    /// rehashed then, lazily, so a preemption costs nothing until it matters).
+    /// KV state: the block tables (empty unless running) and the hash chain, kept across
+    /// preemptions. `Some` while the request is live (taken when it is released).
     pub kv: Option<SeqKv>,
     pub priority: i32,
     /// Steps in which this request failed admission and later requests were tried past it.
@@ -98,7 +93,6 @@ pub(super) struct Req {
     pub last_skip_step: u64,
     pub num_preemptions: u32,
     pub after: Option<u64>,
-    pub extras: HashExtras,
 }
 
 impl Req {
@@ -121,7 +115,6 @@ impl Req {
                 ignore_eos: r.ignore_eos,
             },
             priority: r.priority,
-            extras: r.hash_extras,
             prompt_logprobs: r.prompt_logprobs,
             after: r.after,
             skips: 0,
@@ -162,15 +155,6 @@ mod tests {
             stop: SmallVec::from_slice(&[42]),
             ignore_eos,
         }
-    }
-
-    #[test]
-    fn hot_fields_of_a_request_share_the_first_cache_lines() {
-        // Not behaviour, but the point of the `repr(C)` order: the stop data and the KV state's
-        // per-step fields start within the first 256 bytes.
-        let stop = std::mem::offset_of!(Req, stop);
-        let kv = std::mem::offset_of!(Req, kv);
-        assert!(stop < 64 && kv < 128, "stop at {stop}, kv at {kv}");
     }
 
     #[test]

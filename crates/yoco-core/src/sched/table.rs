@@ -75,7 +75,8 @@ impl BlockTables {
             return false;
         }
         debug_assert!(
-            table[..nulls].iter().all(|&b| b == NULL_BLOCK) && !table[nulls..].contains(&NULL_BLOCK),
+            table[..nulls].iter().all(|&b| b == NULL_BLOCK)
+                && !table[nulls..].contains(&NULL_BLOCK),
             "sync_row: {nulls} leading nulls expected in {table:?}"
         );
         assert!(
