@@ -12,7 +12,6 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use sha2::{Digest, Sha256};
-use smallvec::SmallVec;
 
 use super::HashExtras;
 
@@ -55,12 +54,8 @@ impl fmt::Display for BlockHash {
     }
 }
 
-/// Encoding scratch: one sub-block's CBOR (35 bytes of parent, up to 5 bytes per token, the extra
-/// keys) fits inline for sub-blocks of up to ~40 tokens, so hashing allocates nothing.
-pub(crate) type Buf = SmallVec<[u8; 256]>;
-
 /// Canonical CBOR head: major type + argument in the shortest form.
-fn cbor_head(out: &mut Buf, major: u8, n: u64) {
+fn cbor_head(out: &mut Vec<u8>, major: u8, n: u64) {
     let m = major << 5;
     if n < 24 {
         out.push(m | n as u8);
@@ -78,12 +73,12 @@ fn cbor_head(out: &mut Buf, major: u8, n: u64) {
     }
 }
 
-fn cbor_text(out: &mut Buf, s: &str) {
+fn cbor_text(out: &mut Vec<u8>, s: &str) {
     cbor_head(out, 3, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
-fn cbor_bytes(out: &mut Buf, b: &[u8]) {
+fn cbor_bytes(out: &mut Vec<u8>, b: &[u8]) {
     cbor_head(out, 2, b.len() as u64);
     out.extend_from_slice(b);
 }
@@ -93,7 +88,7 @@ const CBOR_NULL: u8 = 0xf6;
 /// `NONE_HASH` for a seed: SHA-256 of the seed's CBOR form. A UTF-8 seed is encoded as a text
 /// string (vLLM hashes the `PYTHONHASHSEED` / default *string*), anything else as a byte string.
 pub fn root_hash(seed: &[u8]) -> BlockHash {
-    let mut buf = Buf::new();
+    let mut buf = Vec::with_capacity(seed.len() + 9);
     match std::str::from_utf8(seed) {
         Ok(s) => cbor_text(&mut buf, s),
         Err(_) => cbor_bytes(&mut buf, seed),
@@ -120,10 +115,10 @@ impl EncodedExtras {
 fn encode_extras(extras: &HashExtras, first: bool) -> Vec<u8> {
     let salt = extras.cache_salt.as_deref().filter(|_| first);
     let n = extras.lora.is_some() as u64 + salt.is_some() as u64;
-    let mut out = Buf::new();
+    let mut out = Vec::new();
     if n == 0 {
         out.push(CBOR_NULL);
-        return out.into_vec();
+        return out;
     }
     cbor_head(&mut out, 4, n);
     if let Some((name, path)) = &extras.lora {
@@ -137,7 +132,7 @@ fn encode_extras(extras: &HashExtras, first: bool) -> Vec<u8> {
         cbor_text(&mut out, "cache_salt");
         cbor_text(&mut out, salt);
     }
-    out.into_vec()
+    out
 }
 
 /// Hash of one sub-block given its parent, its tokens and its encoded extra keys. `buf` is scratch.
@@ -145,7 +140,7 @@ pub(crate) fn hash_sub_block(
     parent: &BlockHash,
     tokens: &[u32],
     extras: &[u8],
-    buf: &mut Buf,
+    buf: &mut Vec<u8>,
 ) -> BlockHash {
     buf.clear();
     buf.push(0x83); // array of 3
@@ -171,7 +166,7 @@ pub(crate) fn extend_chain(
     if hashes.len() >= complete {
         return;
     }
-    let mut buf = Buf::new();
+    let mut buf = Vec::with_capacity(40 + sub_block_size * 5 + extras.first.len());
     hashes.reserve(complete - hashes.len());
     for i in hashes.len()..complete {
         let parent = if i == 0 { *root } else { hashes[i - 1] };
@@ -243,13 +238,13 @@ mod tests {
 
     #[test]
     fn cbor_encoding_of_the_first_sub_block_is_canonical() {
-        let mut buf = Buf::new();
+        let mut buf = Vec::new();
         let root = root_hash(DEFAULT_HASH_SEED);
         hash_sub_block(&root, &[0, 1, 2, 3], &[CBOR_NULL], &mut buf);
         let mut want = vec![0x83, 0x58, 0x20];
         want.extend_from_slice(&root.0);
         want.extend_from_slice(&[0x84, 0, 1, 2, 3, 0xf6]);
-        assert_eq!(&buf[..], &want[..]);
+        assert_eq!(buf, want);
         // large token ids use the shortest argument form
         hash_sub_block(
             &root,
@@ -272,7 +267,7 @@ mod tests {
         assert_eq!(chain(&e, 4, &[1, 2, 3, 4]).len(), 1);
         let h = chain(&e, 3, &[0, 1, 2, 3, 4, 5, 6]);
         assert_eq!(h.len(), 2);
-        let mut buf = Buf::new();
+        let mut buf = Vec::new();
         let root = root_hash(DEFAULT_HASH_SEED);
         assert_eq!(
             h[0],

@@ -32,8 +32,6 @@ pub struct KvManager {
     pub(crate) sbs: usize,
     /// Sub-blocks per block.
     pub(crate) spb: usize,
-    /// `log2(block_size)` when it is a power of two (block arithmetic by shifts).
-    bs_shift: Option<u32>,
     /// Sliding window per group (`None`: full attention).
     pub(crate) windows: Vec<Option<usize>>,
     root: BlockHash,
@@ -112,7 +110,6 @@ impl KvManager {
             bs,
             sbs,
             spb: bs / sbs,
-            bs_shift: bs.is_power_of_two().then(|| bs.trailing_zeros()),
             windows,
             root,
             pools,
@@ -141,8 +138,8 @@ impl KvManager {
     pub fn new_seq(&self, extras: HashExtras, skip_prefix_read: bool) -> SeqKv {
         let n = self.groups.len();
         SeqKv {
-            tables: (0..n).map(|_| Vec::new()).collect(),
-            num_null: SmallVec::from_elem(0, n),
+            tables: vec![Vec::new(); n],
+            num_null: vec![0; n],
             hashes: Vec::new(),
             extras: EncodedExtras::new(&extras),
             skip_prefix_read,
@@ -185,22 +182,6 @@ impl KvManager {
         lookup::find_longest_hit(self, &seq.hashes, num_tokens)
     }
 
-    /// `tokens / block_size`: a shift for the usual power-of-two block size (the allocation path
-    /// divides several times per group, and a 64-bit division costs 10-20 cycles).
-    #[inline]
-    pub(crate) fn blocks_of(&self, tokens: usize) -> usize {
-        match self.bs_shift {
-            Some(s) => tokens >> s,
-            None => tokens / self.bs,
-        }
-    }
-
-    /// Blocks holding `tokens` tokens, `ceil(tokens / block_size)`.
-    #[inline]
-    pub(crate) fn blocks_for(&self, tokens: usize) -> usize {
-        self.blocks_of(tokens + self.bs - 1)
-    }
-
     /// Tokens group `g` no longer needs once position `num_computed` is the first to compute.
     pub(crate) fn skipped_tokens(&self, g: usize, num_computed: usize) -> usize {
         match self.windows[g] {
@@ -212,7 +193,7 @@ impl KvManager {
     /// Blocks a sliding group may hold at once: the window plus one step's tokens, +1 because the
     /// window need not start at a block boundary (vLLM's admission cap, issue #39734).
     fn sliding_cap_blocks(&self, w: usize) -> usize {
-        self.blocks_for(w - 1 + self.config.max_num_batched_tokens as usize) + 1
+        cdiv(w - 1 + self.config.max_num_batched_tokens as usize, self.bs) + 1
     }
 
     pub(crate) fn adoptable(&self, g: usize, src: BlockId, num_sub: usize) -> bool {
@@ -233,7 +214,32 @@ impl KvManager {
     /// Panics if a hit is given for a request that already holds blocks, if `num_computed` differs
     /// from `hit.num_tokens`, or if the hit went stale (a block it names was evicted since
     /// [`KvManager::lookup`]).
+    #[inline]
     pub fn allocate(
+        &mut self,
+        seq: &mut SeqKv,
+        hit: Option<&PrefixHit>,
+        num_computed: usize,
+        num_new: usize,
+        reserve_tokens: usize,
+    ) -> std::result::Result<Allocation, NoSpace> {
+        // Fast path: a running request whose tables already cover the new tokens and whose
+        // sliding windows release nothing (most decode steps); exact, see `SeqKv::fast_total`.
+        if hit.is_none()
+            && reserve_tokens == 0
+            && num_computed + num_new <= seq.fast_total
+            && num_computed < seq.fast_computed
+        {
+            debug_assert!(seq.admitted);
+            return Ok(Allocation { num_new_blocks: 0 });
+        }
+        self.allocate_full(seq, hit, num_computed, num_new, reserve_tokens)
+    }
+
+    /// [`Self::allocate`] when the fast path does not apply (kept out of line so the fast path
+    /// inlines into the scheduler's loop).
+    #[inline(never)]
+    fn allocate_full(
         &mut self,
         seq: &mut SeqKv,
         hit: Option<&PrefixHit>,
@@ -243,16 +249,6 @@ impl KvManager {
     ) -> std::result::Result<Allocation, NoSpace> {
         let ng = self.groups.len();
         let total = num_computed + num_new;
-        // Fast path: a running request whose tables already cover the new tokens and whose
-        // sliding windows release nothing (most decode steps); exact, see `SeqKv::fast_total`.
-        if hit.is_none()
-            && reserve_tokens == 0
-            && total <= seq.fast_total
-            && num_computed < seq.fast_computed
-        {
-            debug_assert!(seq.admitted);
-            return Ok(Allocation { num_new_blocks: 0 });
-        }
         // The full path may change the tables: the limits are recomputed on success.
         seq.fast_total = 0;
         seq.fast_computed = 0;
@@ -332,9 +328,9 @@ impl KvManager {
             self.counters.copied_tokens += n as u64;
             fresh += 1;
         }
-        let target = self.blocks_for(total);
+        let target = cdiv(total, self.bs);
         for g in 0..ng {
-            let skip_blocks = self.blocks_of(self.skipped_tokens(g, num_computed));
+            let skip_blocks = self.skipped_tokens(g, num_computed) / self.bs;
             while seq.tables[g].len() < target {
                 if seq.tables[g].len() < skip_blocks
                     && seq.tables[g].len() == seq.num_null[g] as usize
@@ -412,15 +408,15 @@ impl KvManager {
                 }
             }
         }
-        let skip_blocks = self.blocks_of(self.skipped_tokens(g, num_computed));
-        let target = self.blocks_for(total);
+        let skip_blocks = self.skipped_tokens(g, num_computed) / self.bs;
+        let target = cdiv(total, self.bs);
         if target > len {
             let n = target - len.max(skip_blocks).min(target);
             need += n;
             live += n;
             len = target;
         }
-        let mut future = self.blocks_for(reserve_tokens).saturating_sub(len);
+        let mut future = cdiv(reserve_tokens, self.bs).saturating_sub(len);
         if let Some(w) = self.windows[g] {
             future = future.min(self.sliding_cap_blocks(w).saturating_sub(live));
         }
@@ -456,9 +452,7 @@ impl KvManager {
 
     /// Releases leading blocks of a sliding group that no token from `num_computed` on can see.
     fn release_out_of_window(&mut self, seq: &mut SeqKv, g: usize, num_computed: usize) {
-        let skip_blocks = self
-            .blocks_of(self.skipped_tokens(g, num_computed))
-            .min(seq.tables[g].len());
+        let skip_blocks = (self.skipped_tokens(g, num_computed) / self.bs).min(seq.tables[g].len());
         let first = seq.num_null[g] as usize;
         if skip_blocks <= first {
             return;
@@ -522,9 +516,11 @@ impl KvManager {
     /// After the step executed: `seq` now has KV for its first `num_computed` tokens. Indexes newly
     /// complete sub-blocks (deferred indexing, so a same-step sibling never copies unwritten KV),
     /// including the partial tail block.
+    #[inline]
     pub fn commit_computed(&mut self, seq: &mut SeqKv, num_computed: usize) {
+        // (`fast_total` <= every table's slots: the common case skips reading the table.)
         assert!(
-            num_computed <= seq.tables[0].len() * self.bs,
+            num_computed <= seq.fast_total || num_computed <= seq.tables[0].len() * self.bs,
             "commit_computed: {num_computed} tokens computed but only {} have slots",
             seq.tables[0].len() * self.bs
         );
@@ -541,6 +537,7 @@ impl KvManager {
     }
 
     /// Indexes `seq`'s sub-blocks `[num_indexed_sub, upto)` in every group that still holds them.
+    #[inline(never)]
     fn index_seq(&mut self, seq: &mut SeqKv, upto: usize) {
         if upto <= seq.num_indexed_sub {
             return;

@@ -1,12 +1,7 @@
 //! Per-request KV state: one block table per group and the request's sub-block hash chain.
 
-use smallvec::SmallVec;
-
 use super::hashing::{BlockHash, EncodedExtras};
 use super::{BlockId, NULL_BLOCK};
-
-/// Block tables of one request, one per group, stored inline for up to two groups (Gemma 3n).
-pub(crate) type Tables = SmallVec<[Vec<BlockId>; 2]>;
 
 /// Per-request KV state, owned by the request: one block table per group and the chained sub-block
 /// hashes of its tokens. Give it back with [`KvManager::free`](super::KvManager::free) (by value, so
@@ -14,6 +9,24 @@ pub(crate) type Tables = SmallVec<[Vec<BlockId>; 2]>;
 /// debug builds).
 #[derive(Debug)]
 pub struct SeqKv {
+    /// Block table per group; sliding groups hold [`NULL_BLOCK`] for released leading entries.
+    pub(crate) tables: Vec<Vec<BlockId>>,
+    /// Leading [`NULL_BLOCK`] entries per group (released or skipped).
+    pub(crate) num_null: Vec<u32>,
+    /// Chained hashes of the complete sub-blocks seen by `hash_tokens`.
+    pub(crate) hashes: Vec<BlockHash>,
+    pub(crate) extras: EncodedExtras,
+    pub(crate) skip_prefix_read: bool,
+    /// Length of the token list last passed to `hash_tokens`.
+    pub(crate) num_tokens: usize,
+    /// The request's tokens (kept only when events are on: `Stored` carries token ids).
+    pub(crate) tokens: Vec<u32>,
+    /// Tokens with KV, as of the last `commit_computed`.
+    pub(crate) num_committed: usize,
+    /// Leading sub-blocks already indexed (in every group where the entry is not null).
+    pub(crate) num_indexed_sub: usize,
+    /// Has a first allocation succeeded (prefix-query metrics count once per admission).
+    pub(crate) admitted: bool,
     /// Allocation fast path ([`KvManager::allocate`](super::KvManager::allocate)): while
     /// `num_computed + num_new <= fast_total` and `num_computed < fast_computed`, a running
     /// request's allocation (no hit, no reservation) would change nothing: every table already
@@ -22,24 +35,6 @@ pub struct SeqKv {
     /// after a failed allocation or a free) sends the next call down the full path.
     pub(crate) fast_total: usize,
     pub(crate) fast_computed: usize,
-    /// Tokens with KV, as of the last `commit_computed`.
-    pub(crate) num_committed: usize,
-    /// Leading sub-blocks already indexed (in every group where the entry is not null).
-    pub(crate) num_indexed_sub: usize,
-    /// Length of the token list last passed to `hash_tokens`.
-    pub(crate) num_tokens: usize,
-    /// Block table per group; sliding groups hold [`NULL_BLOCK`] for released leading entries.
-    pub(crate) tables: Tables,
-    /// Leading [`NULL_BLOCK`] entries per group (released or skipped).
-    pub(crate) num_null: SmallVec<[u32; 2]>,
-    /// Chained hashes of the complete sub-blocks seen by `hash_tokens`.
-    pub(crate) hashes: Vec<BlockHash>,
-    /// Has a first allocation succeeded (prefix-query metrics count once per admission).
-    pub(crate) admitted: bool,
-    pub(crate) skip_prefix_read: bool,
-    pub(crate) extras: EncodedExtras,
-    /// The request's tokens (kept only when events are on: `Stored` carries token ids).
-    pub(crate) tokens: Vec<u32>,
 }
 
 impl SeqKv {

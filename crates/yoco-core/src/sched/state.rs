@@ -76,23 +76,23 @@ pub(super) struct Req {
     pub tokens: Vec<u32>,
     pub num_prompt: u32,
     pub num_computed: u32,
+    pub status: Status,
     /// Persistent row while running, else [`NO_ROW`].
     pub row: u32,
-    pub status: Status,
-    pub prompt_logprobs: bool,
-    /// Stopped in the `update` being applied; released at its end.
-    pub finishing: bool,
-    pub stop: StopParams,
     /// KV state: the block tables (empty unless running) and the hash chain, kept across
     /// preemptions. `Some` while the request is live (taken when it is released).
     pub kv: Option<SeqKv>,
+    pub stop: StopParams,
     pub priority: i32,
+    pub prompt_logprobs: bool,
+    pub after: Option<u64>,
     /// Steps in which this request failed admission and later requests were tried past it.
     pub skips: u32,
     /// The step of the last counted skip (a skip counts once per step).
     pub last_skip_step: u64,
     pub num_preemptions: u32,
-    pub after: Option<u64>,
+    /// Stopped in the `update` being applied; released at its end.
+    pub finishing: bool,
 }
 
 impl Req {
