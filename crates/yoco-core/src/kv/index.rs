@@ -20,16 +20,14 @@ type Holders = SmallVec<[BlockId; 2]>;
 /// Blocks per chunk of list storage (chunks are allocated on first use).
 const CHUNK_BLOCKS: usize = 64;
 
-/// Most entries the map reserves up front (more are added by growth).
-const MAX_RESERVED_HASHES: usize = 1 << 20;
-
 /// The index of one group.
 ///
 /// Storage is laid out for the decode hot path: block `b`'s list lives in a flat slice of `spb`
 /// slots (chunk `b / CHUNK_BLOCKS`, slots `(b % CHUNK_BLOCKS) * spb ..`, the first `lens[b]` used),
-/// so indexing a block allocates nothing after its chunk exists; the map reserves room for every
-/// sub-block the pool can hold (capped), so it never rehashes mid-serving in the common case
-/// (a rehash is a latency spike of O(index) and touches twice the memory).
+/// so indexing a block allocates nothing after its chunk exists. The map grows with its content
+/// (sizing it for a full pool up front was measured: with a pool much larger than what is indexed,
+/// e.g. heavy prefix sharing, its sparse inserts touch every page of the big table and page faults
+/// dominate the steps).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SubBlockIndex {
     map: FxHashMap<BlockHash, Holders>,
@@ -44,17 +42,11 @@ pub(crate) struct SubBlockIndex {
 }
 
 impl SubBlockIndex {
-    /// An empty index for blocks `0..num_blocks` holding up to `spb` sub-blocks each; `reserve`:
-    /// size the map for a full pool now (off when prefix caching is, as nothing is ever indexed).
-    pub fn new(num_blocks: u32, spb: usize, reserve: bool) -> Self {
+    /// An empty index for blocks `0..num_blocks` holding up to `spb` sub-blocks each.
+    pub fn new(num_blocks: u32, spb: usize) -> Self {
         let n = num_blocks as usize;
-        let reserve = if reserve {
-            n.saturating_mul(spb).min(MAX_RESERVED_HASHES)
-        } else {
-            0
-        };
         SubBlockIndex {
-            map: FxHashMap::with_capacity_and_hasher(reserve, Default::default()),
+            map: FxHashMap::default(),
             spb,
             chunks: vec![Box::default(); n.div_ceil(CHUNK_BLOCKS)],
             lens: vec![0; n],
@@ -253,7 +245,7 @@ mod tests {
     #[test]
     fn longest_match_walks_until_the_first_miss() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32, 3, true);
+        let mut idx = SubBlockIndex::new(32, 3);
         assert_eq!(idx.longest_match(&h), (None, 0));
         assert_eq!(idx.extend(10, &h), 0);
         assert_eq!(idx.longest_match(&h), (Some(10), 3));
@@ -265,7 +257,7 @@ mod tests {
     #[test]
     fn popping_one_of_two_holders_keeps_the_other() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32, 3, true);
+        let mut idx = SubBlockIndex::new(32, 3);
         idx.extend(10, &h);
         assert_eq!(
             idx.extend(20, &h[..2]),
@@ -294,7 +286,7 @@ mod tests {
     #[test]
     fn extension_is_idempotent_and_reports_the_fresh_suffix() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32, 3, true);
+        let mut idx = SubBlockIndex::new(32, 3);
         assert_eq!(idx.extend(3, &h[..1]), 0);
         assert_eq!(idx.extend(3, &h[..1]), 1, "re-extending adds nothing");
         assert_eq!(idx.extend(3, &h), 1, "only h1, h2 are new");

@@ -102,7 +102,7 @@ impl KvManager {
         let indexes = config
             .num_blocks
             .iter()
-            .map(|&n| SubBlockIndex::new(n, bs / sbs, config.enable_prefix_caching))
+            .map(|&n| SubBlockIndex::new(n, bs / sbs))
             .collect();
         Ok(KvManager {
             cached_free: vec![0; groups.len()],
