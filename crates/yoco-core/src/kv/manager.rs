@@ -357,8 +357,8 @@ impl KvManager {
         })
     }
 
-    /// `seq`'s allocation fast-path limits `(fast_total, fast_computed)`, from its tables. Tokens up to
-    /// `min_g len_g * block_size` have slots in every group; a sliding group with `n` leading
+    /// `seq`'s allocation fast-path limits `(fast_total, fast_computed)`, from its tables. Tokens
+    /// up to `min_g len_g * block_size` have slots in every group; a sliding group with `n` leading
     /// nulls and live blocks releases its next block once `floor((num_computed - (W - 1)) /
     /// block_size) > n` (see [`Self::release_out_of_window`]), i.e. from `num_computed = (n + 1) *
     /// block_size + W - 1` on.
