@@ -98,12 +98,12 @@ impl KvManager {
             .iter()
             .map(|&n| BlockPool::new(n))
             .collect();
+        let (bs, sbs) = (config.block_size as usize, config.sub_block_size as usize);
         let indexes = config
             .num_blocks
             .iter()
-            .map(|&n| SubBlockIndex::new(n))
+            .map(|&n| SubBlockIndex::new(n, bs / sbs))
             .collect();
-        let (bs, sbs) = (config.block_size as usize, config.sub_block_size as usize);
         Ok(KvManager {
             cached_free: vec![0; groups.len()],
             groups,
@@ -148,6 +148,8 @@ impl KvManager {
             num_committed: 0,
             num_indexed_sub: 0,
             admitted: false,
+            fast_total: 0,
+            fast_computed: 0,
         }
     }
 
@@ -165,7 +167,10 @@ impl KvManager {
         if self.config.enable_events && tokens.len() > seq.tokens.len() {
             seq.tokens.extend_from_slice(&tokens[seq.tokens.len()..]);
         }
-        extend_chain(&self.root, &seq.extras, self.sbs, tokens, &mut seq.hashes);
+        // Most calls (one decode token) complete no sub-block: skip the chain walk.
+        if tokens.len() >= (seq.hashes.len() + 1) * self.sbs {
+            extend_chain(&self.root, &seq.extras, self.sbs, tokens, &mut seq.hashes);
+        }
     }
 
     /// Longest reusable prefix of a request with `num_tokens` tokens whose chain is hashed. No side
@@ -209,7 +214,32 @@ impl KvManager {
     /// Panics if a hit is given for a request that already holds blocks, if `num_computed` differs
     /// from `hit.num_tokens`, or if the hit went stale (a block it names was evicted since
     /// [`KvManager::lookup`]).
+    #[inline]
     pub fn allocate(
+        &mut self,
+        seq: &mut SeqKv,
+        hit: Option<&PrefixHit>,
+        num_computed: usize,
+        num_new: usize,
+        reserve_tokens: usize,
+    ) -> std::result::Result<Allocation, NoSpace> {
+        // Fast path: a running request whose tables already cover the new tokens and whose
+        // sliding windows release nothing (most decode steps); exact, see `SeqKv::fast_total`.
+        if hit.is_none()
+            && reserve_tokens == 0
+            && num_computed + num_new <= seq.fast_total
+            && num_computed < seq.fast_computed
+        {
+            debug_assert!(seq.admitted);
+            return Ok(Allocation { num_new_blocks: 0 });
+        }
+        self.allocate_full(seq, hit, num_computed, num_new, reserve_tokens)
+    }
+
+    /// [`Self::allocate`] when the fast path does not apply (kept out of line so the fast path
+    /// inlines into the scheduler's loop).
+    #[inline(never)]
+    fn allocate_full(
         &mut self,
         seq: &mut SeqKv,
         hit: Option<&PrefixHit>,
@@ -219,6 +249,9 @@ impl KvManager {
     ) -> std::result::Result<Allocation, NoSpace> {
         let ng = self.groups.len();
         let total = num_computed + num_new;
+        // The full path may change the tables: the limits are recomputed on success.
+        seq.fast_total = 0;
+        seq.fast_computed = 0;
         if let Some(hit) = hit {
             assert!(
                 seq.tables.iter().all(|t| t.is_empty()),
@@ -318,9 +351,29 @@ impl KvManager {
                 self.counters.prefix_hit_tokens += hit.map_or(0, |h| h.num_tokens as u64);
             }
         }
+        (seq.fast_total, seq.fast_computed) = self.fast_limits(seq);
         Ok(Allocation {
             num_new_blocks: fresh,
         })
+    }
+
+    /// `seq`'s allocation fast-path limits `(fast_total, fast_computed)`, from its tables. Tokens
+    /// up to `min_g len_g * block_size` have slots in every group; a sliding group with `n` leading
+    /// nulls and live blocks releases its next block once `floor((num_computed - (W - 1)) /
+    /// block_size) > n` (see [`Self::release_out_of_window`]), i.e. from `num_computed = (n + 1) *
+    /// block_size + W - 1` on.
+    pub(crate) fn fast_limits(&self, seq: &SeqKv) -> (usize, usize) {
+        let (mut total, mut computed) = (usize::MAX, usize::MAX);
+        for (g, table) in seq.tables.iter().enumerate() {
+            total = total.min(table.len() * self.bs);
+            if let Some(w) = self.windows[g] {
+                let nulls = seq.num_null[g] as usize;
+                if table.len() > nulls {
+                    computed = computed.min((nulls + 1) * self.bs + w - 1);
+                }
+            }
+        }
+        (total, computed)
     }
 
     /// Free blocks group `g` needs for this allocation plus the reservation.
@@ -463,20 +516,28 @@ impl KvManager {
     /// After the step executed: `seq` now has KV for its first `num_computed` tokens. Indexes newly
     /// complete sub-blocks (deferred indexing, so a same-step sibling never copies unwritten KV),
     /// including the partial tail block.
+    #[inline]
     pub fn commit_computed(&mut self, seq: &mut SeqKv, num_computed: usize) {
+        // (`fast_total` <= every table's slots: the common case skips reading the table.)
         assert!(
-            num_computed <= seq.tables[0].len() * self.bs,
+            num_computed <= seq.fast_total || num_computed <= seq.tables[0].len() * self.bs,
             "commit_computed: {num_computed} tokens computed but only {} have slots",
             seq.tables[0].len() * self.bs
         );
         seq.num_committed = num_computed;
-        if self.config.enable_prefix_caching {
+        // Most calls (one decode token) complete no new hashed sub-block: nothing to index.
+        let next = seq.num_indexed_sub + 1;
+        if self.config.enable_prefix_caching
+            && num_computed >= next * self.sbs
+            && seq.hashes.len() >= next
+        {
             let upto = (num_computed / self.sbs).min(seq.hashes.len());
             self.index_seq(seq, upto);
         }
     }
 
     /// Indexes `seq`'s sub-blocks `[num_indexed_sub, upto)` in every group that still holds them.
+    #[inline(never)]
     fn index_seq(&mut self, seq: &mut SeqKv, upto: usize) {
         if upto <= seq.num_indexed_sub {
             return;
@@ -532,15 +593,30 @@ impl KvManager {
     /// Returns all of `seq`'s blocks (finish, preemption, abort), tail first; a partial tail that
     /// holds indexed sub-blocks is retained in the LRU rather than reused first.
     pub fn free(&mut self, mut seq: SeqKv) {
+        self.free_blocks(&mut seq);
+    }
+
+    /// Returns all of `seq`'s blocks exactly as [`Self::free`] does but keeps `seq` itself: it is
+    /// left as a request that was never admitted (no blocks, nothing committed, prefix metrics to
+    /// be counted at its next admission) whose hash chain stays computed. Recompute preemption
+    /// uses it, so a resumed request does not rehash its whole history (`hash_tokens` then only
+    /// extends the chain over tokens appended since).
+    pub fn free_blocks(&mut self, seq: &mut SeqKv) {
         if self.config.enable_prefix_caching {
             let upto = (seq.num_committed / self.sbs).min(seq.hashes.len());
-            self.index_seq(&mut seq, upto);
+            self.index_seq(seq, upto);
         }
         for g in 0..self.groups.len() {
-            let table = std::mem::take(&mut seq.tables[g]);
-            self.release_rev(g, &table[seq.num_null[g] as usize..]);
+            let nulls = seq.num_null[g] as usize;
+            self.release_rev(g, &seq.tables[g][nulls..]);
+            seq.tables[g].clear();
             seq.num_null[g] = 0;
         }
+        seq.num_committed = 0;
+        seq.num_indexed_sub = 0;
+        seq.admitted = false;
+        seq.fast_total = 0;
+        seq.fast_computed = 0;
     }
 
     /// Drops the cached sub-blocks of `blocks` in group `g` (vLLM's `evict_blocks`, e.g. for an

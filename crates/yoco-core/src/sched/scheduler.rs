@@ -176,7 +176,7 @@ impl Scheduler {
 
     /// Validates and queues a request (`Error::Request` names what is wrong; `Error::Capacity`
     /// when the pool could never hold it).
-    pub fn add_request(&mut self, req: NewRequest) -> Result<()> {
+    pub fn add_request(&mut self, mut req: NewRequest) -> Result<()> {
         if self.by_id.contains_key(&req.id) {
             return Err(Error::Request(format!(
                 "request id {} is already live; ids must be unique among unfinished requests",
@@ -184,9 +184,8 @@ impl Scheduler {
             )));
         }
         validate::request(&self.cfg, self.kv.groups(), &req)?;
-        let mut seq = self
-            .kv
-            .new_seq(req.hash_extras.clone(), req.prompt_logprobs);
+        let extras = std::mem::take(&mut req.hash_extras);
+        let mut seq = self.kv.new_seq(extras, req.prompt_logprobs);
         self.kv.hash_tokens(&mut seq, &req.prompt);
         let seq_no = self.next_seq_no;
         self.next_seq_no += 1;

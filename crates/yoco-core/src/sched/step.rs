@@ -107,11 +107,13 @@ impl Scheduler {
 
     /// Recompute preemption: the victim frees its blocks and row, forgets its progress, and waits
     /// at the front (FCFS) or at its key's place (priority). Its full, indexed blocks stay in the
-    /// prefix cache, so resuming usually hits them again.
+    /// prefix cache, so resuming usually hits them again; it keeps its hash chain
+    /// ([`KvManager::free_blocks`](crate::kv::KvManager::free_blocks)), so resuming does not
+    /// rehash its tokens.
     fn preempt(&mut self, slot: u32) {
         let r = self.reqs[slot as usize].as_mut().expect("running slot");
-        if let Some(seq) = r.kv.take() {
-            self.kv.free(seq);
+        if let Some(seq) = r.kv.as_mut() {
+            self.kv.free_blocks(seq);
         }
         let row = std::mem::replace(&mut r.row, NO_ROW);
         r.num_computed = 0;
@@ -138,13 +140,11 @@ impl Scheduler {
             }
             let step = self.step_id;
             let r = self.reqs[slot as usize].as_mut().expect("waiting slot");
-            if r.kv.is_none() {
-                let mut seq = self.kv.new_seq(r.extras.clone(), r.prompt_logprobs);
-                self.kv.hash_tokens(&mut seq, &r.tokens);
-                r.kv = Some(seq);
-            }
             let num_tokens = r.num_tokens();
-            let seq = r.kv.as_mut().expect("KV state just ensured");
+            let seq = r.kv.as_mut().expect("a live request holds KV state");
+            // A preempted request kept its chain: this only hashes tokens appended since (none
+            // in practice), and is free when the chain is complete.
+            self.kv.hash_tokens(seq, &r.tokens);
             let hit = self.kv.lookup(seq, num_tokens as usize);
             let computed = hit.as_ref().map_or(0, |h| h.num_tokens);
             debug_assert!(
