@@ -181,7 +181,7 @@ fn unknown_ids_are_skipped_and_duplicates_rejected() {
 fn an_unfinished_byte_sequence_is_flushed_as_replacement_characters_at_finish() {
     let mut b = batch();
     let tok = b.tokenizer().clone();
-    let ids = vec![enc(&tok, "ok")[0], tok.token_to_id("<0xE6>").unwrap(), tok.token_to_id("<0x97>").unwrap()];
+    let ids = [enc(&tok, "ok")[0], tok.token_to_id("<0xE6>").unwrap(), tok.token_to_id("<0x97>").unwrap()];
     b.add(7, &[], opts(&[], true)).unwrap();
     let mid = b.step(&[7, 7], &[ids[0] as i32, ids[1] as i32], &[0, 0]).unwrap().clone();
     assert_eq!(mid.deltas.concat(), tok.decode(&ids[..1], true).unwrap());
