@@ -113,9 +113,11 @@
 //! # Files
 //!
 //! `groups.rs` (layers to groups), `pool.rs` (ref counts + intrusive LRU), `hashing.rs` (the chain),
-//! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (allocation,
-//! indexing, copies, frees, metrics), `inspect.rs` (introspection, `check_invariants`), `seq.rs`
-//! (per-request state), `events.rs`.
+//! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (the manager's
+//! state, construction, hashing, lookup, metrics) with `manager/allocate.rs` (admission, growth,
+//! copy-on-match, adoption), `manager/commit.rs` (deferred indexing, copy-op hand-off) and
+//! `manager/release.rs` (frees, window release, eviction, reset), `inspect.rs` (introspection,
+//! `check_invariants`), `seq.rs` (per-request state), `events.rs`.
 //!
 //! # Changes to the contract
 //!
@@ -164,6 +166,8 @@ pub struct KvConfig {
     pub sub_block_size: u32,
     /// Blocks per group pool, block 0 included (so `num_blocks[g] - 1` are usable).
     pub num_blocks: Vec<u32>,
+    /// Index computed sub-blocks and serve later requests from them. Off: every block is plain
+    /// scratch, freed blocks are reused at once and `lookup` never hits.
     pub enable_prefix_caching: bool,
     /// Collect [`KvEvent`]s (off by default: costs a little per indexed sub-block).
     pub enable_events: bool,
@@ -235,9 +239,16 @@ pub struct NoSpace;
 /// block `src` into block `dst`, in every layer of `group`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyOp {
+    /// KV group (the executor's tensor) both blocks belong to.
     pub group: u32,
+    /// Cached block holding the matched sub-blocks; pinned until
+    /// [`KvManager::release_copy_sources`], so it cannot be reused before the copy ran.
     pub src: BlockId,
+    /// The request's private block, fresh from the pool; the request computes into it after the
+    /// copied slots.
     pub dst: BlockId,
+    /// Leading token slots to copy: the matched sub-blocks, a multiple of `sub_block_size` below
+    /// `block_size`.
     pub num_tokens: u32,
 }
 
@@ -246,7 +257,10 @@ pub struct CopyOp {
 pub struct KvMetrics {
     /// Usable blocks, all groups (block 0 of each pool excluded).
     pub blocks_total: u64,
+    /// Blocks no request or pinned copy source references, all groups; cached blocks count as
+    /// free (they are reused, evicting their cache, when nothing uncached is left).
     pub blocks_free: u64,
+    /// `blocks_total - blocks_free`: blocks held by requests or pinned as copy sources.
     pub blocks_used: u64,
     /// Free blocks that still carry cached KV (evictable, matchable).
     pub blocks_cached: u64,
@@ -256,6 +270,7 @@ pub struct KvMetrics {
     pub prefix_hit_tokens: u64,
     /// Copy-on-match operations queued (one per group per partial hit).
     pub copies: u64,
+    /// Token slots those copies move (per group, so a hybrid model counts a copy once per group).
     pub copied_tokens: u64,
     /// Partial blocks adopted instead of copied.
     pub adoptions: u64,
