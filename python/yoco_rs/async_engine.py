@@ -311,6 +311,11 @@ class AsyncEngine:
         except BaseException:
             self._streams.pop(rid, None)
             stream.finished = True
+            # Cancelled while queued (a client gone during a slow step): the loop thread adds the
+            # request anyway, so queue its abort behind the add, or it would run with no stream and
+            # hold its blocks. A failed add (fut holds its error) left nothing behind.
+            if not fut.done() or fut.cancelled() or fut.exception() is None:
+                self._abort_nowait(rid)
             raise
         if self._dead is not None:  # died while adding: the stream would never end
             self._streams.pop(rid, None)
