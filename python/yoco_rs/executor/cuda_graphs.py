@@ -391,8 +391,6 @@ class CudaGraphRunner:
         """Captures every half at every size, largest first (smaller graphs reuse the shared memory
         pool), logging the time and device memory it took. In replay mode this is a rehearsal: each
         half runs once at each size on the all-padding layout it would be captured with."""
-        from tqdm import tqdm
-
         c = self.cfg
         jobs: list[tuple[str, str, int]] = [("self", "mixed", s) for s in c.token_sizes]
         jobs += [("self", "decode", s) for s in c.decode_sizes]
@@ -409,7 +407,7 @@ class CudaGraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         t0 = time.perf_counter()
         self._dummy_inputs()
-        bar = tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
+        bar = _progress_bar(jobs, progress)
         for half, kind, size in bar:
             bar.set_postfix_str(f"{half} {kind} {size}")
             if half == "self" or kind.startswith("full-"):
@@ -479,6 +477,23 @@ def cross_attention_rows(b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.T
     rows = torch.searchsorted(ends, idx, right=True)
     seq = b.seq_lens.to(torch.int64)[rows] - ends[rows] + idx + 1
     return idx, seq.to(torch.int32), [bt.index_select(0, rows) for bt in b.block_tables]
+
+
+def _progress_bar(jobs: list, progress: bool):
+    """A tqdm bar over ``jobs``, or the bare list where tqdm is absent (the GPU script runs from a plain
+    checkout with only torch and triton): capturing does not depend on a progress display."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar(jobs)
+    return tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
+
+
+class _NoBar(list):
+    """What ``capture`` uses of a tqdm bar (iteration, ``set_postfix_str``), doing nothing."""
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
 
 
 def _copy_table(static: torch.Tensor, table: torch.Tensor, rows: int) -> None:
