@@ -87,6 +87,7 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
+        """An engine from a complete ``EngineConfig`` (a server builds one from its flags)."""
         return cls(config=config)
 
     # ---- offline generation ----------------------------------------------------------------------
@@ -279,9 +280,11 @@ class Engine:
             self._core_stats = self._sched.stats()
 
     def has_unfinished_requests(self) -> bool:
+        """Whether ``step()`` still has work or outputs to hand out (drive the loop until False)."""
         return bool(self._requests) or bool(self._pending_outputs)
 
     def get_num_unfinished_requests(self) -> int:
+        """Requests queued or running (a request with ``n > 1`` counts once)."""
         return len(self._requests)
 
     def step(self) -> list[RequestOutput]:
@@ -573,18 +576,23 @@ class Engine:
     # ---- tokenizer ----------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer, for callers who build prompts themselves."""
         return self._tok
 
     def get_tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer (vLLM's ``LLM.get_tokenizer``)."""
         return self._tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Prompt token ids of ``text`` as the engine would tokenize it (``<bos>`` first by default)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids, as the engine detokenizes outputs."""
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Messages, **kwargs) -> Union[str, list[int]]:
+        """Render a conversation with the checkpoint's chat template (text, or ids with ``tokenize=True``)."""
         return self._tok.apply_chat_template(messages, **kwargs)
 
     # ---- observability and control --------------------------------------------------------------------

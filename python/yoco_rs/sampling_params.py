@@ -177,6 +177,7 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
     def clone(self) -> "SamplingParams":
+        """An independent copy (vLLM's ``clone``), to change without touching the original."""
         return dataclasses.replace(self)
 
 

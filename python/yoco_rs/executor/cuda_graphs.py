@@ -79,6 +79,9 @@ def pick_bucket(n: int, sizes: Sequence[int]) -> int | None:
 
 @dataclass(frozen=True)
 class GraphConfig:
+    """Which batch sizes get a captured graph, per decoder half and step kind, and the table shapes the
+    static buffers need; steps larger than the biggest size run eagerly."""
+
     token_sizes: tuple[int, ...]
     """Self-decoder capture sizes for mixed prefill/decode steps."""
     decode_sizes: tuple[int, ...]
@@ -92,6 +95,8 @@ class GraphConfig:
     @classmethod
     def default(cls, *, max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int,
                 fast_prefill: bool = True, max_capture_tokens: int = 512) -> "GraphConfig":
+        """Capture sizes from the engine's limits: a ladder of token counts up to ``max_capture_tokens`` (or the
+        batch budget) and of request counts up to ``max_num_seqs``."""
         tok = capture_sizes(min(max_capture_tokens, max_num_batched_tokens))
         seqs = capture_sizes(min(max_num_seqs, tok[-1]))
         return cls(tok, seqs, seqs, max_num_seqs, max_blocks_per_seq, fast_prefill)
@@ -550,11 +555,14 @@ class GraphedExecutor:
                                       config=self.config, mode=mode, device=dev)
 
     def capture(self, progress: bool = True) -> None:
+        """Capture (or, in replay mode, rehearse) every graph; done once before serving."""
         with torch.inference_mode():
             self.runner.capture(progress)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """``Executor.execute`` with the same contract: apply the step's KV copies, then run each half through
+        its captured graph when one fits the batch, eagerly otherwise."""
         ex = self.executor
         slots = ex._check(batch)  # validated; [G, T_pad] even when the core passed its flat array
         if slots is not None and slots is not batch.slot_mapping:
