@@ -47,8 +47,8 @@ class SamplingParams:
     ``n > 1`` generates n independent completions of the same prompt (with a ``seed``, completion
     ``i`` samples with ``seed + i``). They share the prompt's KV through the prefix cache: the first
     computes the prompt, the others wait until it has been scheduled, then reuse its cached blocks
-    (recomputing at least the last prompt token; with full-block caching, the trailing partial block). Per-request ``seed``
-    makes sampling reproducible whatever else is in the batch.
+    (recomputing at least the last prompt token; with full-block caching, the trailing partial block).
+    Per-request ``seed`` makes sampling reproducible whatever else is in the batch.
 
     Limit: with ``enable_prefix_caching=False`` there is nothing to share through, so every sibling
     recomputes the whole prompt and holds its own copy of the prompt's KV (n times the prefill work
