@@ -94,6 +94,7 @@ def baseline(model_dir):
     return tokens
 
 
+@pytest.mark.parametrize("fast,caching,budget,pool,submit", COMBOS)
 def test_greedy_tokens_are_identical_across_configurations(model_dir, baseline, fast, caching, budget, pool, submit):
     tokens, m = run(model_dir, fast, caching, budget, pool, submit)
     for key, ref in baseline.items():
