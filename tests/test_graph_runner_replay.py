@@ -212,6 +212,16 @@ def test_capture_layouts_are_valid_batches_and_the_rehearsal_runs_every_half(fas
     p.step([a, b], [1, 1])
 
 
+def test_capture_runs_where_tqdm_is_not_installed(monkeypatch):
+    """The GPU script runs from a plain checkout that may lack tqdm; only the progress bar needs it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # ``import tqdm`` now raises ImportError
+    p = Pair(_config())
+    p.runner.capture(progress=True)
+    assert len(p.runner._cross_graphs) == len(p.runner.cfg.cross_sizes)
+
+
 def test_the_cores_flat_slot_mapping_is_accepted():
     import dataclasses
 

@@ -11,7 +11,6 @@ import time
 import httpx
 import pytest
 
-from conftest import heavy
 from serve_helpers import API_KEY, shared_fixture
 
 srv = pytest.fixture(scope="session")(shared_fixture)
@@ -63,9 +62,8 @@ def _prompt_tokens(url, text):
     return httpx.post(url + "/tokenize", json={"prompt": text}).json()["count"]
 
 
-@pytest.mark.heavy
 def test_concurrent_streams_with_random_disconnects_leave_nothing_behind(srv):
-    n = 200 if heavy() else 40
+    n = 200
     before = srv.metrics()
     plan, results = asyncio.run(_storm(srv.url, n, seed=1))
     survivors = [(i, r) for i, r in enumerate(results) if r is not None]

@@ -24,6 +24,9 @@ CPU_KV_BYTES = 1 << 30
 
 @dataclass
 class Runtime:
+    """Everything an engine drives, built once from an ``EngineConfig``: tokenizer, executor (weights and KV
+    caches), the runner steps call, the Rust scheduler sized to the KV pool, sampler and detokenizer."""
+
     config: EngineConfig
     """Resolved: no ``None`` left except ``tokenizer``/``num_gpu_blocks_override``."""
     model_dir: str
@@ -42,6 +45,8 @@ class Runtime:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device for ``EngineConfig.device`` (``auto``: CUDA when present); a clear error when
+    CUDA is asked for but missing."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
@@ -69,6 +74,8 @@ def resolve_model_dir(model: str | None) -> tuple[str, str]:
 
 
 def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
+    """Load the checkpoint, size the KV pool, and wire the executor, scheduler, sampler and detokenizer
+    together (what ``Engine`` does at construction)."""
     from yoco_rs.executor import Executor
 
     model_dir, name = resolve_model_dir(cfg.model)

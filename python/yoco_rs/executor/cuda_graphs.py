@@ -79,6 +79,9 @@ def pick_bucket(n: int, sizes: Sequence[int]) -> int | None:
 
 @dataclass(frozen=True)
 class GraphConfig:
+    """Which batch sizes get a captured graph, per decoder half and step kind, and the table shapes the
+    static buffers need; steps larger than the biggest size run eagerly."""
+
     token_sizes: tuple[int, ...]
     """Self-decoder capture sizes for mixed prefill/decode steps."""
     decode_sizes: tuple[int, ...]
@@ -92,6 +95,8 @@ class GraphConfig:
     @classmethod
     def default(cls, *, max_num_seqs: int, max_num_batched_tokens: int, max_blocks_per_seq: int,
                 fast_prefill: bool = True, max_capture_tokens: int = 512) -> "GraphConfig":
+        """Capture sizes from the engine's limits: a ladder of token counts up to ``max_capture_tokens`` (or the
+        batch budget) and of request counts up to ``max_num_seqs``."""
         tok = capture_sizes(min(max_capture_tokens, max_num_batched_tokens))
         seqs = capture_sizes(min(max_num_seqs, tok[-1]))
         return cls(tok, seqs, seqs, max_num_seqs, max_blocks_per_seq, fast_prefill)
@@ -391,8 +396,6 @@ class CudaGraphRunner:
         """Captures every half at every size, largest first (smaller graphs reuse the shared memory
         pool), logging the time and device memory it took. In replay mode this is a rehearsal: each
         half runs once at each size on the all-padding layout it would be captured with."""
-        from tqdm import tqdm
-
         c = self.cfg
         jobs: list[tuple[str, str, int]] = [("self", "mixed", s) for s in c.token_sizes]
         jobs += [("self", "decode", s) for s in c.decode_sizes]
@@ -409,7 +412,7 @@ class CudaGraphRunner:
             self._pool = torch.cuda.graph_pool_handle()
         t0 = time.perf_counter()
         self._dummy_inputs()
-        bar = tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
+        bar = _progress_bar(jobs, progress)
         for half, kind, size in bar:
             bar.set_postfix_str(f"{half} {kind} {size}")
             if half == "self" or kind.startswith("full-"):
@@ -481,6 +484,23 @@ def cross_attention_rows(b: ForwardBatch, n: int) -> tuple[torch.Tensor, torch.T
     return idx, seq.to(torch.int32), [bt.index_select(0, rows) for bt in b.block_tables]
 
 
+def _progress_bar(jobs: list, progress: bool):
+    """A tqdm bar over ``jobs``, or the bare list where tqdm is absent (the GPU script runs from a plain
+    checkout with only torch and triton): capturing does not depend on a progress display."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar(jobs)
+    return tqdm(jobs, desc="Capturing CUDA graphs", unit="graph", disable=not progress)
+
+
+class _NoBar(list):
+    """What ``capture`` uses of a tqdm bar (iteration, ``set_postfix_str``), doing nothing."""
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+
 def _copy_table(static: torch.Tensor, table: torch.Tensor, rows: int) -> None:
     """``static[:rows]`` = ``table`` zero-extended (columns and rows): stale entries never survive."""
     if table.shape[1] > static.shape[1]:
@@ -535,11 +555,14 @@ class GraphedExecutor:
                                       config=self.config, mode=mode, device=dev)
 
     def capture(self, progress: bool = True) -> None:
+        """Capture (or, in replay mode, rehearse) every graph; done once before serving."""
         with torch.inference_mode():
             self.runner.capture(progress)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """``Executor.execute`` with the same contract: apply the step's KV copies, then run each half through
+        its captured graph when one fits the batch, eagerly otherwise."""
         ex = self.executor
         slots = ex._check(batch)  # validated; [G, T_pad] even when the core passed its flat array
         if slots is not None and slots is not batch.slot_mapping:

@@ -18,6 +18,7 @@ def interpreting() -> bool:
 
 
 def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (Triton block sizes must be powers of two)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
@@ -42,6 +43,7 @@ def check_kv_layer(kv_layer: torch.Tensor, what: str = "kv_layer") -> tuple[int,
 
 
 def check_same_device(*tensors: torch.Tensor) -> None:
+    """A clear error before launch when kernel inputs sit on different devices."""
     dev = tensors[0].device
     for t in tensors[1:]:
         if t.device != dev:

@@ -19,6 +19,9 @@ from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
 
 @dataclass
 class TritonAttentionMetadata(AttentionMetadata):
+    """The common attention metadata plus host-side facts that pick a kernel (decode or varlen) and bound
+    its grid."""
+
     max_query_len: int = 0
     """Host: the longest row's query count; 1 (or 0 with no rows) selects the decode kernel, 0 with rows
     means unknown (varlen kernel)."""
@@ -30,6 +33,9 @@ class TritonAttentionMetadata(AttentionMetadata):
 
 
 class TritonAttentionBackend(AttentionBackend):
+    """Attention through the Triton kernels (paged KV write, KV copy, decode and varlen attention): what
+    ``select_backend`` picks on CUDA, and what the CUDA graph runner captures."""
+
     name = "triton"
 
     def build_metadata(
@@ -46,6 +52,8 @@ class TritonAttentionBackend(AttentionBackend):
         block_size: int,
         dtype: torch.dtype,
     ) -> TritonAttentionMetadata:
+        """Metadata for one decoder half of a step, with the host facts (longest query and context) the
+        kernel choice needs."""
         qsl = query_start_loc_cpu.to(torch.int64)
         r = int(seq_lens_cpu.shape[0])
         max_q = int((qsl[1:] - qsl[:-1]).max()) if r else 0
@@ -60,6 +68,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def write_kv(self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata, group: int) -> None:
+        """Write this step's K/V of one layer into the paged cache at the group's slots."""
         from yoco_rs.kernels.kv_write import write_kv
 
         assert meta.slot_mapping is not None, "this half has no slot_mapping: it must not write KV"
@@ -67,6 +76,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def attend(self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, group: int,
                scale: float) -> torch.Tensor:
+        """Paged attention of ``q`` over one layer's cache: the decode kernel when every row has one query,
+        the varlen kernel otherwise; queries past the last row (graph padding) come out as zeros."""
         from yoco_rs.kernels.decode_attention import decode_attention
         from yoco_rs.kernels.paged_attention import paged_attention
 

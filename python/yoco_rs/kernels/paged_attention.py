@@ -176,6 +176,8 @@ def num_stages(device: torch.device, decode: bool = False) -> int:
 
 
 def check_attention_args(q, kv_layer, block_table, query_start_loc, seq_lens):
+    """Shape, dtype and layout checks shared by the attention kernels, with errors naming the expected
+    shape; returns the cache's ``(block_size, num_kv_heads, head_dim)``."""
     nb, bs, hkv, d = check_kv_layer(kv_layer)
     if q.dim() != 3 or q.shape[2] != d or q.shape[1] % hkv != 0:
         raise ValueError(

@@ -15,6 +15,7 @@ _FALSE = ("0", "false", "no", "off", "")
 
 
 def env_name(dest: str) -> str:
+    """The environment variable that sets a flag (``YOCO_SERVE_`` + its dest in capitals)."""
     return ENV_PREFIX + dest.upper()
 
 
@@ -98,6 +99,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``yoco-serve``'s command line (vLLM's flag names), each flag also settable from the environment."""
     p = _Parser(
         prog="yoco-serve",
         description="Serve a Gemma 3n checkpoint with an OpenAI-compatible API (vLLM-shaped: /v1/completions, "
@@ -181,12 +183,14 @@ def engine_settings(args: argparse.Namespace) -> dict:
 
 
 def model_dir(args: argparse.Namespace) -> Optional[str]:
+    """The model from the positional MODEL_DIR or ``--model`` (an error when both are given and differ)."""
     if args.model_pos and args.model and os.path.normpath(args.model_pos) != os.path.normpath(args.model):
         raise SystemExit(f"yoco-serve: error: MODEL_DIR {args.model_pos!r} and --model {args.model!r} disagree")
     return args.model_pos or args.model
 
 
 def read_chat_template(value: Optional[str]) -> Optional[str]:
+    """``--chat-template`` as Jinja text: a file's contents, or the value itself when it is a template."""
     if value is None:
         return None
     if os.path.isfile(value):

@@ -16,6 +16,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def read_json(request: Request) -> dict:
+    """The request body as a JSON object, or a 400 that says what is wrong with it (empty, not UTF-8, not
+    JSON, not an object)."""
     raw = await request.body()
     if not raw.strip():
         raise bad_request("request body is empty: send a JSON object (Content-Type: application/json)")
@@ -37,10 +39,12 @@ async def read_json(request: Request) -> dict:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
+    """The request body validated into ``model`` (400 naming the offending field otherwise)."""
     return validate(await read_json(request), model)
 
 
 def validate(obj: dict, model: type[M]) -> M:
+    """``obj`` validated into ``model``; pydantic's errors become one OpenAI-shaped 400."""
     try:
         return model.model_validate(obj)
     except ValidationError as e:
@@ -48,6 +52,7 @@ def validate(obj: dict, model: type[M]) -> M:
 
 
 def validation_error(e: ValidationError) -> APIError:
+    """pydantic's errors as one readable 400 whose ``param`` is the first offending field."""
     errors = e.errors(include_url=False)
     parts, first_param = [], None
     for err in errors[:4]:

@@ -15,6 +15,8 @@ from yoco_rs.serve.validation import chat_prompt, reject_unsupported, sampling_p
 
 
 async def create_chat_completion(state, request: Request):
+    """``POST /v1/chat/completions``: render the conversation, submit ``n`` choices, answer with one JSON
+    body or an SSE stream of ``chat.completion.chunk``s."""
     req = await parse_body(request, ChatCompletionRequest)
     model = state.check_model(req.model)
     state.ensure_serving()

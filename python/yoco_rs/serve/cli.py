@@ -30,6 +30,7 @@ def _say(msg: str) -> None:
 
 
 def ready_line(state: ServerState, url: str) -> str:
+    """The one line printed once the server serves: model, KV capacity, features, URL."""
     cfg = state.engine.config
     cap = state.kv_capacity_tokens()
     cap_s = f"{cap:,} tokens" if cap is not None else "unknown"
@@ -40,6 +41,8 @@ def ready_line(state: ServerState, url: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``yoco-serve``: parse flags, start the engine and uvicorn, drain on SIGTERM; the exit status is 1 when
+    the model fails to load."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import uvicorn

@@ -18,6 +18,8 @@ from yoco_rs.serve.validation import completion_prompts, reject_unsupported, sam
 
 
 async def create_completion(state, request: Request):
+    """``POST /v1/completions``: submit every prompt times ``n``, answer with one JSON body or an SSE stream
+    of ``text_completion`` chunks."""
     req = await parse_body(request, CompletionRequest)
     model = state.check_model(req.model)
     state.ensure_serving()

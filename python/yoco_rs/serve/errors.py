@@ -36,18 +36,22 @@ class APIError(Exception):
         self.type = type or ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 
     def body(self) -> dict:
+        """The OpenAI error JSON for this error."""
         return error_body(self.status, self.message, param=self.param, type=self.type)
 
     def response(self, headers: Optional[dict] = None) -> JSONResponse:
+        """This error as an HTTP response."""
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def error_body(status: int, message: str, *, param: Optional[str] = None, type: Optional[str] = None) -> dict:
+    """OpenAI's error JSON: ``{"error": {message, type, param, code}}`` (clients' SDKs parse it)."""
     return {"error": {"message": message, "type": type or ERROR_TYPES.get(status, "BadRequestError"),
                       "param": param, "code": status}}
 
 
 def bad_request(message: str, param: Optional[str] = None) -> APIError:
+    """A 400 for invalid input; ``param`` names the field at fault."""
     return APIError(400, message, param=param)
 
 

@@ -15,10 +15,12 @@ from yoco_rs.serve.validation import Prompt
 
 
 def new_id(prefix: str) -> str:
+    """A unique response id (``cmpl-...``, ``chatcmpl-...``)."""
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def now() -> int:
+    """Unix seconds, the ``created`` field of responses."""
     return int(time.time())
 
 
@@ -58,6 +60,8 @@ async def final_output(stream):
 
 
 async def final_outputs(state, streams: list) -> list:
+    """The last output of each stream (non-streaming responses); engine shutdown or death becomes a 503,
+    and leaving early closes the streams, which aborts their requests."""
     tasks = [asyncio.ensure_future(final_output(s)) for s in streams]
     try:
         return await asyncio.gather(*tasks)
@@ -71,6 +75,7 @@ async def final_outputs(state, streams: list) -> list:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's ``usage`` object, with the prefix-cache hit as ``prompt_tokens_details.cached_tokens``."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -80,6 +85,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 def stream_error_body(state, e: BaseException) -> dict:
+    """The error JSON sent as a last SSE event when a stream fails after its 200 went out."""
     err = e if isinstance(e, APIError) else state.engine_error(e)
     return err.body()
 

@@ -45,6 +45,8 @@ class CompletionLogprobs:
 
     def block(self, token_ids: Sequence[int], logprobs: Optional[Sequence[Optional[dict]]],
               first_is_prompt_start: bool = False) -> dict:
+        """The completions-form logprobs of ``token_ids`` (with each position's top tokens), continuing the
+        choice's text offsets."""
         tokens, token_lps, tops, offsets = [], [], [], []
         for j, tid in enumerate(token_ids):
             pos = logprobs[j] if logprobs is not None and j < len(logprobs) else None
@@ -59,11 +61,13 @@ class CompletionLogprobs:
 
 
 def merge_blocks(a: dict, b: dict) -> dict:
+    """One completions-form logprobs object from two (echoed prompt, then generated text)."""
     return {k: a[k] + b[k] for k in a}
 
 
 def chat_logprobs(token_ids: Sequence[int], logprobs: Optional[Sequence[dict]], top_n: int,
                   text: TokenText) -> dict:
+    """The chat-form logprobs (``content`` entries with bytes and the ``top_n`` alternatives) of ``token_ids``."""
     content = []
     for j, tid in enumerate(token_ids):
         pos = logprobs[j] if logprobs is not None and j < len(logprobs) else {}
@@ -79,6 +83,8 @@ def chat_logprobs(token_ids: Sequence[int], logprobs: Optional[Sequence[dict]], 
 
 
 def prompt_logprobs_json(plp) -> Optional[list]:
+    """vLLM's ``prompt_logprobs`` JSON: per prompt position null (the first) or ``{token_id: {logprob,
+    rank, decoded_token}}``."""
     if plp is None:
         return None
     out = []

@@ -80,9 +80,11 @@ class EngineCollector:
         self.state = state
 
     def describe(self):
+        """Nothing up front: the series depend on the engine's state and are produced at scrape time."""
         return []
 
     def collect(self):
+        """The engine's metrics snapshot as Prometheus families, under vLLM's names (read at each scrape)."""
         st = self.state
         prefix = st.settings.metrics_prefix
         compat = st.settings.compat_metric_names
@@ -169,6 +171,7 @@ class ServerMetrics:
                                      ["method", "status", "handler"], registry=self.registry)
 
     def observe_params(self, n: int, max_tokens) -> None:
+        """Record a request's ``n`` and ``max_tokens`` (vLLM's request-parameter histograms)."""
         self.params_n.labels(self._label, "0").observe(n)
         if max_tokens is not None:
             self.params_max_tokens.labels(self._label, "0").observe(max_tokens)

@@ -56,6 +56,9 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a final usage chunk; ``continuous_usage_stats`` puts usage on
+    every chunk."""
+
     include_usage: Optional[Bool] = False
     continuous_usage_stats: Optional[Bool] = False
 
@@ -113,6 +116,8 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(_Body):
+    """One message of a conversation; ``content`` is text or a list of content parts."""
+
     role: Str
     content: Optional[Any] = None
     name: Optional[Str] = None
@@ -139,6 +144,8 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeCompletionRequest(_Body):
+    """``POST /tokenize`` with a text ``prompt``."""
+
     model: Optional[Str] = None
     prompt: Str
     add_special_tokens: Bool = True
@@ -146,6 +153,8 @@ class TokenizeCompletionRequest(_Body):
 
 
 class TokenizeChatRequest(_Body):
+    """``POST /tokenize`` with a conversation, rendered by the chat template first."""
+
     model: Optional[Str] = None
     messages: list[ChatMessage]
     add_generation_prompt: Bool = True
@@ -160,6 +169,8 @@ TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
 
 
 class DetokenizeRequest(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
     model: Optional[Str] = None
     tokens: list[Int]
 

@@ -23,11 +23,12 @@ DONE = "data: [DONE]\n\n"
 
 
 def sse(obj) -> str:
+    """One server-sent event carrying ``obj`` as compact JSON."""
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 class ClientDisconnected(Exception):
-    pass
+    """The client went away before the response was ready; the app answers 499 (nobody reads it)."""
 
 
 async def _wait_disconnect(receive) -> None:

@@ -36,6 +36,9 @@ class ServerSettings:
 
 
 class ServerState:
+    """What every handler shares: the engine, the HTTP settings, draining state and metrics, and the
+    mapping of engine facts and failures to HTTP (model names, limits, health, error codes)."""
+
     def __init__(self, engine, settings: Optional[ServerSettings] = None):
         self.engine = engine
         self.settings = settings or ServerSettings()
@@ -45,12 +48,14 @@ class ServerState:
         self.metrics = None  # ServerMetrics, set by create_app
 
     def observe_params(self, n: int, max_tokens) -> None:
+        """Record a request's parameters in the server metrics (when metrics are on)."""
         if self.metrics is not None:
             self.metrics.observe_params(n, max_tokens)
 
     # ---- names ----------------------------------------------------------------------------------
     @property
     def served_names(self) -> list[str]:
+        """The model names requests may ask for; the first is the default and the metrics label."""
         if self.settings.served_model_names:
             return list(self.settings.served_model_names)
         try:
@@ -60,6 +65,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
+        """The name responses report in ``model`` and metrics carry as ``model_name``."""
         return self.served_names[0]
 
     def check_model(self, name: Optional[str]) -> str:
@@ -82,6 +88,7 @@ class ServerState:
             raise APIError(503, "the model is still loading; retry when GET /health answers 200")
 
     def health(self) -> tuple[int, dict]:
+        """``/health``'s status code and body: 200 serving; 503 while loading, draining or dead (with the cause)."""
         e = self.engine
         if getattr(e, "is_dead", False):
             return 503, {"status": "dead", "error": _cause(e)}
@@ -92,6 +99,7 @@ class ServerState:
         return 200, {"status": "ok"}
 
     def engine_error(self, e: BaseException) -> APIError:
+        """An engine-side failure as the HTTP error a client should see (503 closed or dead, else 500)."""
         if isinstance(e, EngineClosedError):
             return APIError(503, "the server is shutting down and accepts no new requests")
         if isinstance(e, EngineDeadError):
@@ -100,6 +108,8 @@ class ServerState:
 
     # ---- engine facts ---------------------------------------------------------------------------
     def limits(self) -> Limits:
+        """The engine's request limits (context length, logprobs, vocabulary) the validators check against;
+        fetched once the engine is ready."""
         if self._limits is None:
             e = self.engine
             cfg = e.config
@@ -115,6 +125,7 @@ class ServerState:
         return int(self.engine.tokenizer.vocab_size)
 
     def kv_capacity_tokens(self) -> Optional[int]:
+        """Tokens the KV pool holds, for the startup line (None when not known yet)."""
         v = getattr(self.engine, "kv_capacity_tokens", None)
         if isinstance(v, int) and v > 0:
             return v

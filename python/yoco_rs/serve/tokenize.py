@@ -12,6 +12,8 @@ from yoco_rs.serve.validation import chat_messages, render_chat
 
 
 async def tokenize(state, request: Request) -> dict:
+    """``POST /tokenize``: the ids (and optionally token strings) of a prompt or rendered conversation, with the
+    context limit so clients can budget."""
     obj = await read_json(request)
     chat = "messages" in obj
     if not chat and "prompt" not in obj:
@@ -35,6 +37,7 @@ async def tokenize(state, request: Request) -> dict:
 
 
 async def detokenize(state, request: Request) -> dict:
+    """``POST /detokenize``: ids back to text (special tokens kept); ids outside the vocabulary are a 400."""
     req = validate(await read_json(request), DetokenizeRequest)
     state.check_model(req.model)
     state.ensure_serving()

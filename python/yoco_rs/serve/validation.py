@@ -27,6 +27,8 @@ class Limits:
 
 @dataclass
 class Prompt:
+    """One validated prompt: the ids the engine runs, and its text when known."""
+
     token_ids: list[int]
     text: Optional[str]
     """The prompt text (given, or decoded from ids when echo needs it)."""
@@ -108,6 +110,7 @@ def chat_messages(messages: Sequence[ChatMessage]) -> list[dict]:
 
 def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool, continue_final_message: bool,
                 chat_template: Optional[str], chat_template_kwargs: Optional[dict]) -> str:
+    """A conversation rendered with the chat template; template errors and conflicting options become 400s."""
     if continue_final_message and add_generation_prompt:
         raise bad_request("continue_final_message and add_generation_prompt cannot both be true "
                           "(set add_generation_prompt to false to continue the last message)",
@@ -133,6 +136,7 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer, default_template: Optional[str]) -> Prompt:
+    """The prompt of a chat request: rendered conversation, tokenized (400 when it is empty)."""
     text = render_chat(tokenizer, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
                        chat_template=req.chat_template or default_template,
@@ -159,6 +163,7 @@ def truncate(prompt: Prompt, k: Optional[int], limits: Limits) -> Prompt:
 # ---- unsupported features -----------------------------------------------------------------------------
 
 def reject_unsupported(req: SamplingFields, *, chat: bool) -> None:
+    """A 400 naming the first requested feature yoco-serve does not implement, rather than ignoring it."""
     def no(name, why="is not supported by yoco-serve"):
         raise bad_request(f"{name} {why}", name)
 
@@ -198,6 +203,7 @@ def reject_unsupported(req: SamplingFields, *, chat: bool) -> None:
 # ---- sampling params --------------------------------------------------------------------------------
 
 def stop_strings(stop) -> Optional[list[str]]:
+    """``stop`` as a list of non-empty strings (None for none); other shapes are a 400."""
     if stop is None:
         return None
     if isinstance(stop, str):
