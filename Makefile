@@ -4,7 +4,8 @@
 #   $(YOCO_HOME)/deps-<hash>   third-party Python deps (torch, transformers, ...), keyed by pyproject's
 #                              dependency lists; shared by every checkout on this machine
 #   $(YOCO_HOME)/target        the cargo target directory (override with CARGO_TARGET_DIR)
-#   .venv                      this checkout's venv: sees the deps through a .pth, holds yoco_rs itself
+#   .venv                      this checkout's venv: sees the deps and this checkout's python/ through
+#                              .pth files; `_core` is built in place (python/yoco_rs/_core*.so)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -38,7 +39,7 @@ $(VENV)/.linked: $(DEPS)/.ok
 
 # The extension module, rebuilt when Rust sources change.
 $(VENV)/.built: $(VENV)/.linked $(RUST_SRC)
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) scripts/deps.py maturin develop --release --quiet
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) scripts/deps.py maturin develop --release --quiet --skip-install
 	touch $@
 
 serve: setup

@@ -2,7 +2,8 @@
 
   deps.py key             short hash of the dependency lists (names the shared deps venv)
   deps.py list            the requirements to install (runtime + test extra)
-  deps.py link DEPS       make the running venv see DEPS's site-packages (a .pth file)
+  deps.py link DEPS       make the running venv see DEPS's site-packages and this checkout's
+                          python/ (.pth files), and write the project's console scripts
   deps.py maturin ARGS    run maturin (the system one, else the deps venv's)
 """
 import hashlib
@@ -40,13 +41,20 @@ def main(argv):
         site = os.path.join(deps, "lib", ver, "site-packages")
         with open(os.path.join(sysconfig.get_paths()["purelib"], "_yoco_deps.pth"), "w") as f:
             f.write(site + "\n")
+        # The package itself runs from the checkout (maturin builds `_core` in place with
+        # --skip-install), so setting up a clone needs no network and no pip resolution.
+        with open(os.path.join(sysconfig.get_paths()["purelib"], "_yoco_src.pth"), "w") as f:
+            f.write(os.path.join(ROOT, "python") + "\n")
         bindir = os.path.join(sys.prefix, "bin")
-        for tool in ("pytest",):  # console scripts users expect in the project venv
-            src = os.path.join(deps, "bin", tool)
-            if os.path.exists(src):
-                with open(os.path.join(bindir, tool), "w") as f:
-                    f.write(f"#!{sys.executable}\nimport sys\nfrom {tool} import console_main\nsys.exit(console_main())\n")
-                os.chmod(os.path.join(bindir, tool), 0o755)
+        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+            scripts = dict(tomllib.load(f)["project"].get("scripts", {}))
+        scripts["pytest"] = "pytest:console_main"  # users expect it in the project venv
+        for name, target in scripts.items():
+            module, func = target.split(":")
+            path = os.path.join(bindir, name)
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n")
+            os.chmod(path, 0o755)
     elif cmd == "maturin":
         exe = shutil.which("maturin") or os.path.join(os.path.dirname(sys.executable), "maturin")
         if not os.path.exists(exe):

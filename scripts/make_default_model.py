@@ -6,7 +6,7 @@ Writes config.json / generation_config.json (a tiny Gemma 3n text model, via tra
 class, so ``AutoConfig`` reads them), tokenizer.json (a Gemma-style byte-fallback BPE trained here
 with ``tokenizers`` on a corpus generated from a fixed seed), tokenizer_config.json (special tokens
 and a Gemma-style chat template) and weights_manifest.json (parameter names and shapes, in
-``named_parameters`` order). The weights themselves are not stored: ``yoco_rs.default_model``
+``named_parameters`` order). The weights themselves are not stored: ``yoco_rs.bundled``
 materializes them deterministically on first use (see there). Deterministic: rerunning it reproduces
 the committed files.
 """

@@ -207,3 +207,14 @@ def test_metrics_count_tokens_and_requests(engine):
     assert after.inter_token_latency.count - before.inter_token_latency.count == 8
     assert after.cross_rows - before.cross_rows == 10  # fast prefill: one cross row per sampled token
     assert after.scheduled_tokens - before.scheduled_tokens == 7 + 8
+
+
+def test_without_fast_prefill_every_scheduled_token_counts_as_a_cross_decoder_row():
+    e = Engine(max_model_len=256, num_gpu_blocks_override=64, max_num_seqs=4, max_num_batched_tokens=64,
+               kv_sharing_fast_prefill=False)
+    try:
+        e.generate([[2, 9, 9, 9], [2, 8, 8]], greedy(5), use_tqdm=False)
+        m = e.get_metrics()
+        assert m.scheduled_tokens == 7 + 8 and m.cross_rows == m.scheduled_tokens
+    finally:
+        e.close()

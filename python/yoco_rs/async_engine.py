@@ -229,6 +229,7 @@ class AsyncEngine:
 
     @property
     def dead_error(self) -> Optional[BaseException]:
+        """The exception that killed the loop (loading or a step), None while alive."""
         return self._dead
 
     @property
@@ -311,6 +312,11 @@ class AsyncEngine:
         except BaseException:
             self._streams.pop(rid, None)
             stream.finished = True
+            # Cancelled while queued (a client gone during a slow step): the loop thread adds the
+            # request anyway, so queue its abort behind the add, or it would run with no stream and
+            # hold its blocks. A failed add (fut holds its error) left nothing behind.
+            if not fut.done() or fut.cancelled() or fut.exception() is None:
+                self._abort_nowait(rid)
             raise
         if self._dead is not None:  # died while adding: the stream would never end
             self._streams.pop(rid, None)
@@ -364,15 +370,23 @@ class AsyncEngine:
 
     @property
     def model_name(self) -> str:
+        """The name responses report: the checkpoint directory's name, or ``yoco-tiny`` for the bundled model."""
         return self._model_name
 
     @property
     def max_model_len(self) -> int:
+        """Longest sequence (prompt + output) a request may reach (available once ready)."""
         return self._loaded().max_model_len
 
     @property
     def kv_capacity_tokens(self) -> int:
+        """Tokens the KV pool holds in all (available once ready): the server's startup line reports it."""
         return self._loaded().kv_capacity_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: token ids in ``[0, vocab_size)`` are valid prompt tokens."""
+        return self._loaded().vocab_size
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -380,12 +394,15 @@ class AsyncEngine:
         return self._tokenizer
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Prompt token ids of ``text``, usable before the model is loaded."""
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids, usable before the model is loaded."""
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages, **kwargs) -> Union[str, list[int]]:
+        """Render a conversation with the chat template, usable before the model is loaded."""
         return self._tokenizer.apply_chat_template(messages, **kwargs)
 
     # ---- observability --------------------------------------------------------------------------------
@@ -397,6 +414,7 @@ class AsyncEngine:
 
     @property
     def num_unfinished_requests(self) -> int:
+        """Streams not yet finished (what a draining shutdown waits for)."""
         return len(self._streams)
 
 

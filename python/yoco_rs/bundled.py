@@ -89,6 +89,7 @@ def default_model_dir() -> str:
 
 
 def is_bundled(path: str) -> bool:
+    """Whether ``path`` is a materialized copy of the bundled model in this machine's cache."""
     return Path(path).name.startswith(NAME + "-") and Path(path).parent == cache_root() / "models"
 
 

@@ -135,9 +135,11 @@ class EngineConfig:
         return cls(model=model, **kwargs)
 
     def replace(self, **changes) -> "EngineConfig":
+        """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
+        """Every field as plain data (JSON-ready), e.g. to log the resolved settings."""
         return dataclasses.asdict(self)
 
 

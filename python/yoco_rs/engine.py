@@ -59,8 +59,12 @@ class Engine:
         self.model_name: str = rt.model_name
         self.max_model_len: int = rt.config.max_model_len
         self.kv_capacity_tokens: int = rt.kv_capacity_tokens
+        self.vocab_size: int = rt.vocab_size
+        """Token ids in ``[0, vocab_size)`` are valid prompt tokens."""
         self._sched = rt.scheduler
         self._exec = rt.executor
+        self._runner = rt.runner
+        self._fast_prefill = bool(rt.config.kv_sharing_fast_prefill)
         self._sampler = rt.sampler
         self._text = rt.text
         self._tok = rt.tokenizer
@@ -83,6 +87,7 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
+        """An engine from a complete ``EngineConfig`` (a server builds one from its flags)."""
         return cls(config=config)
 
     # ---- offline generation ----------------------------------------------------------------------
@@ -260,6 +265,7 @@ class Engine:
         The next ``step()`` reports them finished with ``finish_reason="abort"``."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         now = time.monotonic()
+        aborted = False
         for rid in ids:
             req = self._requests.get(rid)
             if req is None:
@@ -269,43 +275,93 @@ class Engine:
                     self._sched.abort(seq.core_id)
                     self._finish_seq(seq, _FINISH_ABORT, None, now)  # keeps the partial text
             self._pending_outputs.append(req.output())
+            aborted = True
+        if aborted:  # the gauges (running, waiting, blocks) show the freed blocks at once
+            self._core_stats = self._sched.stats()
 
     def has_unfinished_requests(self) -> bool:
+        """Whether ``step()`` still has work or outputs to hand out (drive the loop until False)."""
         return bool(self._requests) or bool(self._pending_outputs)
 
     def get_num_unfinished_requests(self) -> int:
+        """Requests queued or running (a request with ``n > 1`` counts once)."""
         return len(self._requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; return the outputs it produced (per each request's ``output_kind``)."""
+        """Run one engine step; return the outputs it produced (per each request's ``output_kind``).
+
+        If the step fails (the executor raised, say), the exception propagates after the requests the
+        step ran were aborted and the core completed the step: the engine stays usable, and the next
+        ``step()`` returns those requests finished with ``finish_reason="abort"``."""
         outputs, self._pending_outputs = self._pending_outputs, []
         plan = self._sched.schedule()
         self._last_plan_rows = plan.num_rows
         if plan.num_rows == 0:
             self._core_stats = self._sched.stats()
             return outputs
-        now = time.monotonic()
-        self._admit(plan, now)
-        rows = plan.req_rows[plan.sample_rows]
-        logits = self._exec.execute(self._forward_batch(plan))
-        so = self._sampler.sample(logits, plan.logits_cross_pos, rows)
-        if self._plp:
-            self._prompt_logprobs(plan, logits)
-        sampled = so.sampled.numpy()
-        outcome = self._sched.update(sampled)
-        now = time.monotonic()
-        self._after_update(plan, rows, so, outcome, now, outputs)
+        updated = False
+        try:
+            now = time.monotonic()
+            self._admit(plan, now)
+            rows = plan.req_rows[plan.sample_rows]
+            logits = self._runner.execute(self._forward_batch(plan))
+            so = self._sampler.sample(logits, plan.logits_cross_pos, rows)
+            if self._plp:
+                self._prompt_logprobs(plan, logits)
+            sampled = so.sampled.numpy()
+            outcome = self._sched.update(sampled)
+            updated = True
+            now = time.monotonic()
+            self._after_update(plan, rows, so, outcome, now, outputs)
+        except BaseException as e:
+            self._fail_step(plan, updated, e, outputs)
+            raise
         m = self._metrics
         with m.lock:
             m.counters["num_steps"] += 1
             m.counters["scheduled_tokens"] += int(plan.num_tokens)
-            m.counters["cross_rows"] += int(plan.num_cross)
+            # Rows that ran the cross-decoder: the selection with fast prefill, every token without.
+            m.counters["cross_rows"] += int(plan.num_cross if self._fast_prefill else plan.num_tokens)
             m.counters["generation_tokens"] += len(outcome)
             m.hist["iteration_tokens"].observe(int(plan.num_tokens))
         self._core_stats = self._sched.stats()
         return outputs
 
     # ---- step internals -----------------------------------------------------------------------------
+    def _fail_step(self, plan, updated: bool, err: BaseException, outputs: list) -> None:
+        """Recover from an exception raised while a plan was in flight (executor, sampler, update, or
+        the bookkeeping after it), so the engine stays usable.
+
+        Every request with a row in the plan is aborted (all its completions: their KV may be half
+        written, and a partial result would pass for a good one), the plan is completed with a dummy
+        ``update`` when it was not yet (the core skips rows whose request is gone, then releases the
+        step's copy-source pins), and the aborted requests finish with ``finish_reason="abort"``.
+        Their final outputs, with what this step had already produced, come back from the next
+        ``step()``; the caller of this one gets the exception, with a note naming the requests.
+        Requests outside the plan (waiting, or preempted by it) are untouched."""
+        now = time.monotonic()
+        failed: dict[str, RequestState] = {}
+        for cid in plan.req_ids.tolist():
+            seq = self._seqs.get(cid)
+            if seq is not None and self._requests.get(seq.req.request_id) is seq.req:
+                failed[seq.req.request_id] = seq.req
+        for req in failed.values():
+            for seq in req.seqs:
+                if not seq.finished:
+                    self._sched.abort(seq.core_id)
+                    self._finish_seq(seq, _FINISH_ABORT, None, now)
+        if not updated:
+            # Sampled ids are ignored for aborted rows; they only need to be valid token ids.
+            self._sched.update(np.zeros(int(plan.num_samples), dtype=np.int32))
+        self._pending_outputs = outputs + [req.output() for req in failed.values()] + self._pending_outputs
+        self._core_stats = self._sched.stats()
+        names = ", ".join(map(repr, failed)) or "none"
+        try:
+            err.add_note(f"yoco_rs: this engine step failed; the requests it ran were aborted "
+                         f"(finish_reason='abort'): {names}. The engine remains usable.")
+        except Exception:
+            pass
+
     def _admit(self, plan, now: float) -> None:
         for cid in plan.preempted_ids.tolist():
             seq = self._seqs.get(cid)
@@ -520,18 +576,23 @@ class Engine:
     # ---- tokenizer ----------------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer, for callers who build prompts themselves."""
         return self._tok
 
     def get_tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer (vLLM's ``LLM.get_tokenizer``)."""
         return self._tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Prompt token ids of ``text`` as the engine would tokenize it (``<bos>`` first by default)."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids, as the engine detokenizes outputs."""
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Messages, **kwargs) -> Union[str, list[int]]:
+        """Render a conversation with the checkpoint's chat template (text, or ids with ``tokenize=True``)."""
         return self._tok.apply_chat_template(messages, **kwargs)
 
     # ---- observability and control --------------------------------------------------------------------
@@ -559,6 +620,7 @@ class Engine:
         self.abort_request(list(self._requests))
         self._pending_outputs.clear()
         self._closed = True
+        self._runner = None  # captured graphs hold the KV tensors
         self._exec.kv_caches = []
 
     def __enter__(self) -> "Engine":

@@ -16,11 +16,15 @@ import numpy as np
 
 
 class TextPrompt(TypedDict, total=False):
+    """A text prompt with options: ``cache_salt`` keeps its prefix-cache entries apart from other tenants'."""
+
     prompt: str
     cache_salt: str
 
 
 class TokensPrompt(TypedDict, total=False):
+    """A pre-tokenized prompt (sent as-is, no ``<bos>`` added), with the same options as ``TextPrompt``."""
+
     prompt_token_ids: list[int]
     prompt: str
     """Optional text of the ids, returned as ``RequestOutput.prompt``."""

@@ -34,10 +34,12 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
+        """Count one value in its bucket."""
         self.counts[int(np.searchsorted(self._edges, value, side="left"))] += 1
         self.sum += float(value)
 
     def observe_many(self, values: np.ndarray) -> None:
+        """Count an array of values at once (one numpy pass per step, not per token)."""
         if len(values) == 0:
             return
         idx = np.searchsorted(self._edges, values, side="left")
@@ -45,11 +47,14 @@ class Histogram:
         self.sum += float(np.sum(values))
 
     def snapshot(self) -> "HistogramSnapshot":
+        """An immutable copy for readers on other threads."""
         return HistogramSnapshot(self.buckets, tuple(int(c) for c in self.counts), self.sum)
 
 
 @dataclass(frozen=True)
 class HistogramSnapshot:
+    """A histogram frozen at snapshot time; ``cumulative()`` gives Prometheus' bucket layout."""
+
     buckets: tuple[float, ...]
     """Upper bounds (le), ascending; +Inf is implied as the last bucket."""
     counts: tuple[int, ...]
@@ -58,6 +63,7 @@ class HistogramSnapshot:
 
     @property
     def count(self) -> int:
+        """Number of observations."""
         return sum(self.counts)
 
     def cumulative(self) -> list[tuple[float, int]]:

@@ -116,6 +116,7 @@ class CompletionOutput:
     delta_logprobs: Optional[SampleLogprobs] = None
 
     def finished(self) -> bool:
+        """Whether this completion has ended (it has a ``finish_reason``)."""
         return self.finish_reason is not None
 
 

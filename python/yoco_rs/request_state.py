@@ -49,6 +49,7 @@ class SeqState:
         """Next prompt position whose logprob is still to come (prompt_logprobs only)."""
 
     def completion(self, kind: RequestOutputKind) -> CompletionOutput:
+        """This completion as a ``CompletionOutput``: everything so far, or only the delta for ``DELTA``."""
         if kind == RequestOutputKind.DELTA:
             text, ids, lps = self.delta_text, self.delta_token_ids, self.delta_logprobs
         else:
@@ -61,6 +62,7 @@ class SeqState:
             delta_logprobs=self.delta_logprobs)
 
     def clear_delta(self) -> None:
+        """Start a new delta once an output carried the current one."""
         self.delta_text = ""
         self.delta_token_ids = []
         if self.delta_logprobs is not None:
@@ -92,6 +94,7 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
+        """Whether every completion has finished (the request's last output)."""
         return self.num_finished == len(self.seqs)
 
     def output(self, seqs: Optional[list[SeqState]] = None) -> RequestOutput:

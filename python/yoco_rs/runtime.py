@@ -24,12 +24,18 @@ CPU_KV_BYTES = 1 << 30
 
 @dataclass
 class Runtime:
+    """Everything an engine drives, built once from an ``EngineConfig``: tokenizer, executor (weights and KV
+    caches), the runner steps call, the Rust scheduler sized to the KV pool, sampler and detokenizer."""
+
     config: EngineConfig
     """Resolved: no ``None`` left except ``tokenizer``/``num_gpu_blocks_override``."""
     model_dir: str
     model_name: str
     tokenizer: Tokenizer
     executor: object
+    """The eager :class:`~yoco_rs.executor.Executor` (weights, KV caches, model description)."""
+    runner: object
+    """What each step calls ``execute`` on: the executor itself, or its CUDA-graph runner on a GPU."""
     scheduler: "_core.Scheduler"
     sampler: Sampler
     text: "_core.TextBatch"
@@ -39,6 +45,8 @@ class Runtime:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device for ``EngineConfig.device`` (``auto``: CUDA when present); a clear error when
+    CUDA is asked for but missing."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
@@ -66,6 +74,8 @@ def resolve_model_dir(model: str | None) -> tuple[str, str]:
 
 
 def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
+    """Load the checkpoint, size the KV pool, and wire the executor, scheduler, sampler and detokenizer
+    together (what ``Engine`` does at construction)."""
     from yoco_rs.executor import Executor
 
     model_dir, name = resolve_model_dir(cfg.model)
@@ -75,8 +85,12 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     dtype = None if cfg.dtype == "auto" else cfg.dtype
     if cfg.dtype == "float16" and not cuda:
         raise ValueError("dtype='float16' is not supported on the CPU; use float32 (or bfloat16)")
+    from yoco_rs.kernels.backend import select_backend
+
+    # Triton kernels on CUDA, the torch reference elsewhere (YOCO_ATTENTION_BACKEND overrides).
     executor = Executor.from_pretrained(model_dir, dtype=dtype, device=device,
-                                        kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress)
+                                        kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
+                                        attn_backend=select_backend(device))
     args = executor.args
 
     block_size = cfg.block_size or (64 if cuda else 16)
@@ -122,6 +136,12 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
                 "(or raise kv_cache_memory / num_gpu_blocks_override)")
 
     executor.allocate_kv(num_blocks, block_size)
+    from yoco_rs.executor.cuda_graphs import maybe_graphed
+
+    # On CUDA, each half is captured in its own graphs (after the KV exists); enforce_eager or a CPU
+    # device gives the eager executor back unchanged.
+    runner = maybe_graphed(executor, enforce_eager=cfg.enforce_eager, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=mnbt, max_model_len=max_model_len, progress=progress)
     scheduler = _core.Scheduler(
         executor.layer_kinds(), num_blocks=num_blocks, block_size=block_size, sub_block_size=sub_block,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, max_model_len=max_model_len,
@@ -138,7 +158,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
-    return Runtime(resolved, model_dir, name, tokenizer, executor, scheduler, sampler, text, int(args.vocab_size),
+    return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
                    num_blocks, capacity)
 
 

@@ -44,12 +44,21 @@ def _is_num(x) -> bool:
 class SamplingParams:
     """Sampling parameters of one request (vLLM's ``SamplingParams`` fields and defaults).
 
-    ``n > 1`` generates n independent completions of the same prompt; they share the prompt's KV
-    blocks. Per-request ``seed`` makes sampling reproducible whatever else is in the batch.
+    ``n > 1`` generates n independent completions of the same prompt (with a ``seed``, completion
+    ``i`` samples with ``seed + i``). They share the prompt's KV through the prefix cache: the first
+    computes the prompt, the others wait until it has been scheduled, then reuse its cached blocks
+    (recomputing at least the last prompt token; with full-block caching, the trailing partial block).
+    Per-request ``seed`` makes sampling reproducible whatever else is in the batch.
+
+    Limit: with ``enable_prefix_caching=False`` there is nothing to share through, so every sibling
+    recomputes the whole prompt and holds its own copy of the prompt's KV (n times the prefill work
+    and memory), and they still start only after the first's prompt was scheduled. Keep prefix
+    caching on (the default) when using ``n > 1``.
     """
 
     n: int = 1
-    """Completions to generate for the prompt (>= 1)."""
+    """Completions to generate for the prompt (>= 1). They share the prompt's KV only through the
+    prefix cache: without prefix caching each recomputes the prompt (see the class docstring)."""
     temperature: float = 1.0
     """>= 0; below 1e-5 decodes greedily (top_p, top_k, min_p ignored)."""
     top_p: float = 1.0
@@ -177,6 +186,7 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
     def clone(self) -> "SamplingParams":
+        """An independent copy (vLLM's ``clone``), to change without touching the original."""
         return dataclasses.replace(self)
 
 

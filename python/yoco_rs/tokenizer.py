@@ -72,13 +72,16 @@ class Tokenizer:
     # ---- vocabulary ------------------------------------------------------------------------------
     @cached_property
     def vocab_size(self) -> int:
+        """Ids the tokenizer knows, added tokens included (may be below the model's vocabulary)."""
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     @cached_property
     def all_special_ids(self) -> list[int]:
+        """Ids of the special tokens (``<bos>``, ``<eos>``, turn markers...), which ``skip_special_tokens`` drops."""
         return sorted(i for i, t in self.hf.get_added_tokens_decoder().items() if t.special)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[Optional[str]]:
+        """The vocabulary strings of ids (None for an id the tokenizer lacks), for ``/tokenize``'s ``token_strs``."""
         return [self.hf.id_to_token(int(i)) for i in ids]
 
     # ---- encode / decode ---------------------------------------------------------------------------
@@ -94,6 +97,7 @@ class Tokenizer:
         return ids
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """``encode`` over many texts in one call into the Rust tokenizer."""
         encs = self.hf.encode_batch(list(texts), add_special_tokens=False)
         out = []
         for e in encs:
@@ -105,6 +109,7 @@ class Tokenizer:
         return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids in one piece (streaming text goes through the engine's incremental detokenizer instead)."""
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     # ---- chat --------------------------------------------------------------------------------------

@@ -14,4 +14,6 @@ pub enum Error {
     Capacity(String),
 }
 
+/// The core's fallible return type: every public entry that can reject input returns this, so
+/// `yoco-py` has one place to turn failures into Python exceptions.
 pub type Result<T> = std::result::Result<T, Error>;

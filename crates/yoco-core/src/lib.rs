@@ -2,6 +2,8 @@
 //! manager, sub-block prefix cache) and hands the executor a flat [`sched::StepPlan`]. No Python, no
 //! tensors: `yoco-py` binds it, `yoco-ref` checks what its plans mean.
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod kv;
 pub mod mock;

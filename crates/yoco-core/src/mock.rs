@@ -46,14 +46,19 @@ const POISON: u64 = 0xDEAD_BEEF_DEAD_BEEF;
 /// Modelled executor time per step: `base_us + per_token_us * T + per_cross_row_us * X`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TimingModel {
+    /// Fixed cost of a non-empty step (launch overhead, sampling), µs.
     pub base_us: f64,
+    /// Cost per scheduled token (the self-decoder runs every token), µs.
     pub per_token_us: f64,
+    /// Cost per cross-decoder row (only rows whose logits are needed), µs.
     pub per_cross_row_us: f64,
     /// Sleep for the modelled time in `sample` (otherwise only report it).
     pub sleep: bool,
 }
 
 impl TimingModel {
+    /// Modelled time of `plan`, µs: 0 for an empty plan (nothing would launch), else the linear
+    /// model over its real (unpadded) token and cross-row counts.
     pub fn step_us(&self, plan: &StepPlan) -> f64 {
         if plan.num_rows() == 0 {
             return 0.0;
@@ -64,6 +69,7 @@ impl TimingModel {
     }
 }
 
+/// The KV-simulating mode's paged memory: one value per token slot per group.
 #[derive(Debug, Clone)]
 struct SimKv {
     block_size: u32,
@@ -72,6 +78,9 @@ struct SimKv {
     slots: Vec<Vec<u64>>,
 }
 
+/// A torch-free stand-in for the executor: consumes [`StepPlan`]s and samples deterministic tokens
+/// that expose wrong plans (see the module docs for the two modes). Build with
+/// [`MockExecutor::new`], then chain [`MockExecutor::simulating_kv`] / [`MockExecutor::with_timing`].
 #[derive(Debug, Clone)]
 pub struct MockExecutor {
     vocab_size: u32,
@@ -135,11 +144,14 @@ impl MockExecutor {
         )
     }
 
+    /// Charges (and, with [`TimingModel::sleep`], sleeps) a modelled step time in every
+    /// [`MockExecutor::sample`], so throughput experiments see executor time without torch.
     pub fn with_timing(mut self, timing: TimingModel) -> Self {
         self.timing = timing;
         self
     }
 
+    /// Whether the KV-simulating mode is on (then `sample` needs the block tables).
     pub fn simulates_kv(&self) -> bool {
         self.kv.is_some()
     }

@@ -107,3 +107,30 @@ fn a_sibling_of_an_unknown_or_finished_request_is_not_blocked() {
     let (p, _) = d.step();
     assert_eq!(p.admitted_ids, [2]);
 }
+
+/// Block 16, sub-block 4, 3 usable blocks. A (40 tokens) runs and finishes, leaving its blocks
+/// cached. B shares A's first 36 tokens: the full hit (2 shared blocks + 1 sub-block copied out of
+/// A's third block) would pin that source while a copy destination is allocated: 4 blocks, more
+/// than the pool has. Admission trims the hit to its full blocks instead of retrying it forever.
+#[test]
+fn a_prefix_hit_whose_copy_cannot_fit_is_trimmed_to_its_full_blocks() {
+    let mut c = config(16, 4);
+    c.kv.sub_block_size = 4;
+    let mut d = Driver::new(c);
+    let a = tokens(1, 40);
+    d.add(req(1, a.clone(), 2));
+    d.run(10);
+    let mut b = a[..36].to_vec();
+    b.extend(tokens(2, 4));
+    d.add(req(2, b.clone(), 2));
+    let (p, _) = d.step();
+    assert_eq!(p.admitted_ids, [2], "B is admitted on the idle pool");
+    assert_eq!(
+        p.admitted_num_cached,
+        [32],
+        "the hit keeps its 2 shared blocks and drops the copy"
+    );
+    assert!(p.kv_copies.is_empty());
+    d.run(10);
+    assert_eq!(d.s.num_unfinished(), 0);
+}

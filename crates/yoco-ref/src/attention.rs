@@ -9,15 +9,20 @@
 /// Head layout (GQA: query head h reads kv head `h / (num_heads / kv_heads)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heads {
+    /// Query heads.
     pub num_heads: usize,
+    /// K/V heads; divides `num_heads` (each serves `num_heads / kv_heads` query heads).
     pub kv_heads: usize,
+    /// Floats per head, for queries and K/V alike.
     pub head_dim: usize,
 }
 
 impl Heads {
+    /// Floats in one token's query, all heads (`num_heads * head_dim`).
     pub fn q_len(&self) -> usize {
         self.num_heads * self.head_dim
     }
+    /// Floats in one token's K (or V), all kv heads: a row of paged memory.
     pub fn kv_len(&self) -> usize {
         self.kv_heads * self.head_dim
     }

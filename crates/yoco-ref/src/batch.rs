@@ -16,6 +16,7 @@ pub struct Varlen<'a> {
     pub query_start_loc: &'a [i32],
     /// `[R]`
     pub seq_lens: &'a [i32],
+    /// Multiplier of `q . k` before the softmax (Gemma 3n: 1.0, its q/k are normalised per head).
     pub scale: f32,
     /// HF convention (`q - W < k <= q`); `None` for full causal.
     pub window: Option<u32>,

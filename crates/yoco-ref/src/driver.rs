@@ -25,13 +25,18 @@ use crate::workload::{Workload, ORACLE_HEADS};
 
 /// What executes the plans.
 pub enum Engine {
+    /// Synthetic K/V on reference paged memory; every query's paged attention is compared with
+    /// its contiguous history after every step.
     Oracle(PlanOracle),
+    /// The tiny model on reference paged memory; its greedy token streams are compared with a
+    /// cache-less, unbatched run at the end.
     Mock(MockExecutor),
     /// Nothing: plans are parsed and answered with arbitrary tokens (the scheduler's own cost,
     /// the baseline of the benches).
     Null,
 }
 
+/// What a run checks beyond the engine's own comparisons, and when it gives up.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
     /// A run that has not finished after this many steps is a failure (a stall or livelock).
@@ -56,27 +61,44 @@ impl Default for DriverOptions {
 /// A finished or aborted request's token stream.
 #[derive(Debug, Clone)]
 pub struct Stream {
+    /// The request id the workload (or a follow-up turn) submitted.
     pub id: u64,
+    /// Its prompt, as submitted.
     pub prompt: Vec<u32>,
+    /// Every token the scheduler's outcomes gave it, in order.
     pub output: Vec<u32>,
+    /// The stop rules it was submitted with, so `verify_stream` can say where the cache-less run
+    /// stops.
     pub stop: StopRule,
+    /// Aborted mid-run: the stream may end early (it is still checked as a prefix).
     pub aborted: bool,
 }
 
+/// What a run did, so tests can assert their checks were not vacuous (steps ran, caches hit,
+/// copies and preemptions happened) and benches can count work.
 #[derive(Debug, Clone, Default)]
 pub struct RunReport {
+    /// Non-empty plans executed until every request ended.
     pub steps: usize,
+    /// What the plan oracle compared (all zero unless the engine was the oracle).
     pub oracle: OracleStats,
+    /// Requests that ended by the scheduler's stop rules.
     pub finished: usize,
+    /// Requests the driver aborted (the workload's abort chance).
     pub aborted: usize,
     /// Requests `add_request` refused (capacity, length).
     pub rejected: usize,
+    /// Follow-up turns submitted (a finished request's prompt + output + new text).
     pub follow_ups: usize,
     /// Plans the mutation hook changed.
     pub mutations: usize,
+    /// Tokens sampled, all requests.
     pub output_tokens: usize,
+    /// The block manager's metrics at the end of the run (prefix hits, copies, adoptions).
     pub kv: KvMetrics,
+    /// Preemptions the scheduler reported.
     pub preemptions: u64,
+    /// Every ended request's stream (finished or aborted), in the order they ended.
     pub streams: Vec<Stream>,
 }
 

@@ -2,10 +2,13 @@
 
 use std::fmt;
 
+/// A failed check or invalid input: the message is the whole report (step, row, request, token,
+/// slot), since a test that fails prints nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error(pub String);
 
 impl Error {
+    /// An error carrying `s` as its message.
     pub fn msg(s: impl Into<String>) -> Self {
         Error(s.into())
     }
@@ -31,6 +34,7 @@ impl From<yoco_core::Error> for Error {
     }
 }
 
+/// The crate's fallible return type.
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// `return Err(Error(format!(...)))`

@@ -16,8 +16,13 @@ use crate::paged::{Fill, KvGeometry, PagedKv};
 use crate::plan_view::{PlanGeometry, PlanView, RowView};
 use crate::tables::TableMirror;
 
+/// Executes step plans on the [`MockModel`] over reference paged memory (see the module docs);
+/// block tables come from a [`TableMirror`] updated only through the plan's dirty rows.
 pub struct MockExecutor {
+    /// The model whose greedy streams the run must reproduce.
     pub model: MockModel,
+    /// Run the cross-decoder only on `cross_indices` (YOCO fast prefill) and sample at
+    /// `logits_cross_pos`; off: every layer on every token, sampling at `logits_indices`.
     pub fast_prefill: bool,
     paged: PagedKv,
 }
@@ -34,6 +39,9 @@ struct Pass<'a> {
 }
 
 impl MockExecutor {
+    /// An executor for `model` with NaN-filled paged memory shaped by `geo` (so a read of a slot
+    /// no token wrote poisons the output); fails when `geo` has another number of KV groups than
+    /// the model.
     pub fn new(model: MockModel, geo: &PlanGeometry, fast_prefill: bool) -> Result<Self> {
         let layout: &ModelLayout = &model.layout;
         if layout.groups.len() != geo.num_blocks.len() {
@@ -57,6 +65,7 @@ impl MockExecutor {
         })
     }
 
+    /// The paged memory as the executed plans left it (tests inspect slots).
     pub fn paged(&self) -> &PagedKv {
         &self.paged
     }

@@ -14,18 +14,22 @@ use crate::error::Result;
 use crate::paged::{Fill, KvGeometry, PagedKv};
 use crate::rng::Rng;
 
+/// Head layout of the fixtures: GQA with 2 query heads per kv head, as the kernels must handle.
 pub const HEADS: Heads = Heads {
     num_heads: 4,
     kv_heads: 2,
     head_dim: 16,
 };
+/// Block size of the fixtures' paged memory (the kernels' usual block size).
 pub const BLOCK_SIZE: usize = 16;
 /// Windows the attention outputs are given for (0 = full causal).
 pub const WINDOWS: [u32; 3] = [0, 5, 21];
 
 /// One fixture file: named arrays.
 pub struct Fixture {
+    /// File stem: the fixture is written as `<name>.npz`.
     pub name: &'static str,
+    /// The arrays, named as `golden/README.md` documents them, inputs and expected outputs.
     pub arrays: Vec<(String, Tensor)>,
 }
 

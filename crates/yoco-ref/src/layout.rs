@@ -13,13 +13,16 @@ pub type LayerAttn = AttnKind;
 /// `[num_layers_in_group, 2, num_blocks, block_size, kv_heads, head_dim]` tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvSlot {
+    /// KV group (which tensor).
     pub group: usize,
+    /// Index of the layer inside its group (which slice of the tensor).
     pub slot: usize,
 }
 
 /// One KV group as the reference sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefGroup {
+    /// Attention type shared by the group's layers.
     pub kind: AttnKind,
     /// Producing layers, ascending; `layers[i]` is slot `i`.
     pub layers: Vec<usize>,
@@ -28,7 +31,9 @@ pub struct RefGroup {
 /// The KV layout of a model: groups, and for every layer where the K/V it attends to lives.
 #[derive(Debug, Clone)]
 pub struct ModelLayout {
+    /// The layers it was derived from, one per decoder layer.
     pub layers: Vec<LayerKind>,
+    /// KV groups in order of first appearance (group `g` is the executor's KV tensor `g`).
     pub groups: Vec<RefGroup>,
     /// Per layer: the slot it reads (its own for producers, its donor's for shared layers).
     pub kv_of: Vec<KvSlot>,
@@ -96,10 +101,12 @@ impl ModelLayout {
         })
     }
 
+    /// Decoder layers, producing and shared.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
 
+    /// Whether `layer` computes and writes its own K/V (false for `SharesKv` layers).
     pub fn is_producer(&self, layer: usize) -> bool {
         !matches!(self.layers[layer], LayerKind::SharesKv { .. })
     }

@@ -12,6 +12,8 @@
 //! [`driver`] runs either against the real scheduler over random [`workload`]s; [`golden`] writes
 //! fixtures for the Python and Triton kernels' tests.
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod batch;
 pub mod driver;

@@ -14,16 +14,24 @@ use crate::error::{Error, Result};
 use crate::layout::ModelLayout;
 use crate::rng::Rng;
 
+/// Shape and seed of a [`MockModel`]; [`MockConfig::tiny`] is the size every test uses.
 #[derive(Debug, Clone)]
 pub struct MockConfig {
+    /// Token ids `0..vocab`; larger ids are clamped to the last one when embedded.
     pub vocab: usize,
+    /// Width of the residual stream.
     pub hidden: usize,
+    /// Attention heads of every layer (GQA allowed; `head_dim` even for RoPE).
     pub heads: Heads,
+    /// Width of each layer's GELU MLP.
     pub intermediate: usize,
+    /// One entry per decoder layer: its attention type, or the donor whose KV it reads.
     pub layers: Vec<LayerKind>,
+    /// RoPE base frequency.
     pub rope_theta: f32,
     /// Attention score scale (Gemma 3n: 1.0, with q/k normalised per head).
     pub scale: f32,
+    /// Seed of every weight: the same config always builds the same model.
     pub seed: u64,
 }
 
@@ -60,9 +68,14 @@ struct LayerWeights {
     w_down: Vec<f32>,
 }
 
+/// The tiny Gemma-3n-shaped decoder (see the module docs): per-token pieces ([`MockModel::qkv`],
+/// [`MockModel::finish`], [`MockModel::argmax`]) the executor assembles over paged memory, and the
+/// cache-less reference run ([`MockModel::forward_contiguous`]) they must agree with.
 #[derive(Debug, Clone)]
 pub struct MockModel {
+    /// The configuration it was built from.
     pub cfg: MockConfig,
+    /// Where each layer's K/V lives (groups, donors, the cross-decoder's first layer).
     pub layout: ModelLayout,
     embed: Vec<f32>,
     /// Untied: with a tied head the residual copy of the current token's embedding dominates the
@@ -74,6 +87,7 @@ pub struct MockModel {
 
 /// What one layer computes for one token before attention.
 pub struct Qkv {
+    /// The query, `[num_heads * head_dim]`, normalised per head and rotated.
     pub q: Vec<f32>,
     /// K and V when the layer produces KV.
     pub kv: Option<(Vec<f32>, Vec<f32>)>,
@@ -124,6 +138,8 @@ fn gelu_tanh(x: f32) -> f32 {
 }
 
 impl MockModel {
+    /// Draws every weight from `cfg.seed`; fails on a layer layout [`ModelLayout::new`] rejects or
+    /// heads that GQA / RoPE cannot use.
     pub fn new(cfg: MockConfig) -> Result<Self> {
         let layout = ModelLayout::new(&cfg.layers).map_err(Error)?;
         let h = cfg.heads;
@@ -163,6 +179,7 @@ impl MockModel {
         })
     }
 
+    /// The input hidden state of token `tok` (ids past the vocabulary clamp to the last row).
     pub fn embed(&self, tok: u32) -> Vec<f32> {
         let t = (tok as usize).min(self.cfg.vocab - 1);
         self.embed[t * self.cfg.hidden..(t + 1) * self.cfg.hidden].to_vec()
@@ -219,6 +236,7 @@ impl MockModel {
         x.iter().zip(&down).map(|(a, b)| a + b).collect()
     }
 
+    /// Vocabulary logits of a final hidden state (final norm, then the untied head).
     pub fn logits(&self, x: &[f32]) -> Vec<f32> {
         linear(&self.lm_head, &rms_norm(x, Some(&self.final_norm)))
     }
@@ -341,11 +359,17 @@ impl MockModel {
 /// When greedy generation stops (vLLM's rules).
 #[derive(Debug, Clone, Default)]
 pub struct StopRule {
+    /// Stop after this many output tokens.
     pub max_tokens: usize,
+    /// EOS and stop tokens do not stop the stream before this many output tokens.
     pub min_tokens: usize,
+    /// EOS ids: stop after sampling one (unless `ignore_eos`).
     pub eos: Vec<u32>,
+    /// Stop-token ids: stop after sampling one (even with `ignore_eos`).
     pub stop_tokens: Vec<u32>,
+    /// Generate past EOS ids.
     pub ignore_eos: bool,
+    /// Stop when prompt + output reach this length.
     pub max_model_len: usize,
 }
 

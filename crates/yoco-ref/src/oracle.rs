@@ -20,13 +20,18 @@ use crate::synth::Synth;
 use crate::tables::TableMirror;
 use crate::truth::{ReqTruth, Truth};
 
+/// What the oracle needs to know: the model's KV layout, the synthetic heads, the memory geometry.
 #[derive(Debug, Clone)]
 pub struct OracleConfig {
+    /// The scheduler's layers; the oracle derives the groups itself ([`ModelLayout`]).
     pub layers: Vec<LayerKind>,
+    /// Heads of the synthetic K/V and queries (small: the oracle checks addressing, not math).
     pub heads: Heads,
     /// Gemma 3n uses 1.0.
     pub scale: f32,
+    /// Pools and block-table shape, as the scheduler sizes them.
     pub geo: PlanGeometry,
+    /// Seed of the synthetic K/V and queries.
     pub seed: u64,
     /// Largest allowed |paged - contiguous| per output element.
     pub tolerance: f32,
@@ -35,16 +40,21 @@ pub struct OracleConfig {
 /// What the oracle has checked, so tests can prove they were not vacuous.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OracleStats {
+    /// Plans executed and checked.
     pub steps: u64,
     /// (query, layer) pairs compared in the self-decoder.
     pub self_checks: u64,
     /// (cross row, layer) pairs compared in the cross-decoder.
     pub cross_checks: u64,
+    /// Copy-on-match ops the plans carried (each applied to reference memory before the step).
     pub copies: u64,
+    /// Token slots those copies moved, per group.
     pub copied_tokens: u64,
     /// Admissions that reused cached KV.
     pub cached_admissions: u64,
+    /// Tokens those admissions reused (their `admitted_num_cached`).
     pub cached_tokens: u64,
+    /// Preemptions the plans announced.
     pub preemptions: u64,
     /// Queries whose sliding window excluded at least one earlier key.
     pub windowed_queries: u64,
@@ -73,12 +83,16 @@ struct History {
     len: usize,
 }
 
+/// Executes each step plan on reference paged memory with synthetic K/V and compares every
+/// query's paged attention with its contiguous history (see the module docs). Feed it the plans
+/// in order with [`PlanOracle::forget`] for every request that ends.
 pub struct PlanOracle {
     cfg: OracleConfig,
     layout: ModelLayout,
     paged: PagedKv,
     synth: Synth,
     hist: HashMap<u64, History>,
+    /// What was checked so far.
     pub stats: OracleStats,
 }
 
@@ -95,6 +109,8 @@ struct Query {
 }
 
 impl PlanOracle {
+    /// An oracle with NaN-filled paged memory (a read of an unwritten slot poisons the result);
+    /// fails when the layers form another number of groups than `cfg.geo.num_blocks` lists.
     pub fn new(cfg: OracleConfig) -> Result<Self> {
         let layout = ModelLayout::new(&cfg.layers).map_err(Error)?;
         if layout.groups.len() != cfg.geo.num_blocks.len() {
@@ -125,10 +141,12 @@ impl PlanOracle {
         })
     }
 
+    /// The KV layout the oracle derived from the layers.
     pub fn layout(&self) -> &ModelLayout {
         &self.layout
     }
 
+    /// The paged memory as the executed plans left it.
     pub fn paged(&self) -> &PagedKv {
         &self.paged
     }

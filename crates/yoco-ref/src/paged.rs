@@ -15,7 +15,9 @@ use crate::rng::Rng;
 /// attention output, so the oracle cannot pass by reading zeros that happen to be "right".
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fill {
+    /// NaN everywhere: any read of an unwritten slot shows (the oracle and executor use this).
     Nan,
+    /// Zeros (tests that need finite garbage).
     Zero,
     /// Uniform in [-1, 1) from this seed (golden files: kernels should see realistic garbage).
     Random(u64),
@@ -24,8 +26,11 @@ pub enum Fill {
 /// Geometry shared by every group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvGeometry {
+    /// Token slots per block.
     pub block_size: usize,
+    /// K/V heads per token.
     pub kv_heads: usize,
+    /// Floats per head.
     pub head_dim: usize,
 }
 
@@ -102,14 +107,17 @@ impl PagedKv {
         })
     }
 
+    /// The geometry every group shares.
     pub fn geometry(&self) -> KvGeometry {
         self.geo
     }
 
+    /// KV groups (pools).
     pub fn num_groups(&self) -> usize {
         self.layers.len()
     }
 
+    /// Blocks in `group`'s pool, block 0 included.
     pub fn num_blocks(&self, group: usize) -> usize {
         self.num_blocks[group]
     }

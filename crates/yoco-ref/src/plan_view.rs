@@ -16,16 +16,20 @@ use crate::error::Result;
 /// What the executor knows about memory before reading a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanGeometry {
+    /// Token slots per block (the same in every group).
     pub block_size: usize,
     /// Blocks per group (block 0 included); its length is the number of groups G.
     pub num_blocks: Vec<usize>,
+    /// Rows of the persistent block tables (`req_rows` lie in `0..max_num_seqs`).
     pub max_num_seqs: usize,
+    /// Columns of each block-table row.
     pub max_blocks_per_seq: usize,
 }
 
 /// One scheduled request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowView {
+    /// The request the row schedules.
     pub req_id: u64,
     /// Persistent block-table row.
     pub req_row: usize,
@@ -38,6 +42,7 @@ pub struct RowView {
 }
 
 impl RowView {
+    /// Tokens scheduled for this row this step.
     pub fn num_scheduled(&self) -> usize {
         self.tokens.len()
     }
@@ -50,6 +55,7 @@ impl RowView {
 /// One sampling request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SampleView {
+    /// Index into [`PlanView::rows`] of the row that samples.
     pub row: usize,
     /// `logits_indices[s]`
     pub token: usize,
@@ -57,17 +63,27 @@ pub struct SampleView {
     pub cross_pos: usize,
 }
 
+/// A [`StepPlan`] read into per-row, per-sample views, after every shape check passed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanView {
+    /// Scheduled requests, in plan order.
     pub rows: Vec<RowView>,
+    /// Real tokens T.
     pub num_tokens: usize,
+    /// Tokens after padding to a capture size (padding writes only to block 0).
     pub num_tokens_padded: usize,
+    /// Real cross-decoder rows X (before padding).
     pub num_cross: usize,
+    /// The plan's `kv_copies`, decoded; no copy reads a block another copy of the step writes.
     pub copies: Vec<CopyOp>,
+    /// Sampling requests, in `sample_rows` order.
     pub samples: Vec<SampleView>,
 }
 
 impl PlanView {
+    /// Checks the plan's shape against `geo` (lengths, prefix sums, padding, copies, cross rows,
+    /// samples, admissions) and returns its view; the error names the step and the first field
+    /// that is wrong.
     pub fn parse(plan: &StepPlan, geo: &PlanGeometry) -> Result<PlanView> {
         let step = plan.step_id;
         let r = plan.req_ids.len();

@@ -8,10 +8,12 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose whole stream is fixed by `seed`.
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
+    /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         mix64(self.0)
@@ -39,6 +41,7 @@ impl Rng {
         self.unit_f64() < p
     }
 
+    /// Uniform in `[0, 1)`, 53 random bits.
     pub fn unit_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
@@ -49,6 +52,7 @@ impl Rng {
         ((self.next_u64() >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0
     }
 
+    /// Fisher-Yates shuffle in place, uniform over permutations.
     pub fn shuffle<T>(&mut self, xs: &mut [T]) {
         for i in (1..xs.len()).rev() {
             let j = self.below(i as u64 + 1) as usize;

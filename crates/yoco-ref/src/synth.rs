@@ -8,9 +8,12 @@
 use crate::attention::Heads;
 use crate::rng::{chain, Rng};
 
+/// The generator of synthetic K, V and queries (see the module docs).
 #[derive(Debug, Clone, Copy)]
 pub struct Synth {
+    /// Head layout of what it generates.
     pub heads: Heads,
+    /// Mixed into every vector, so two oracles with different seeds see different values.
     pub seed: u64,
 }
 

@@ -7,6 +7,8 @@
 /// Entry value of a row never uploaded: reading it is an error that names the row.
 pub const NEVER_UPLOADED: i32 = -1;
 
+/// The executor-side block tables: per group `[max_num_seqs * max_blocks_per_seq]`, rows updated
+/// only by [`TableMirror::upload`] of the rows a plan names as dirty.
 #[derive(Debug, Clone)]
 pub struct TableMirror {
     max_blocks_per_seq: usize,
@@ -14,6 +16,7 @@ pub struct TableMirror {
 }
 
 impl TableMirror {
+    /// Tables whose every entry is [`NEVER_UPLOADED`].
     pub fn new(num_groups: usize, max_num_seqs: usize, max_blocks_per_seq: usize) -> Self {
         TableMirror {
             max_blocks_per_seq,
@@ -29,6 +32,7 @@ impl TableMirror {
         }
     }
 
+    /// Columns of each row.
     pub fn max_blocks_per_seq(&self) -> usize {
         self.max_blocks_per_seq
     }

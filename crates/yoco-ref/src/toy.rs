@@ -27,7 +27,10 @@ struct ToySeq {
     admitted: bool,
 }
 
+/// The independent plan builder (see the module docs): `ToyPlanner::new`, then per step say
+/// which requests run how many tokens and take the [`StepPlan`].
 pub struct ToyPlanner {
+    /// Memory and table shape the plans address.
     pub geo: PlanGeometry,
     free: Vec<Vec<u32>>,
     tables: Vec<Vec<i32>>,
@@ -37,10 +40,13 @@ pub struct ToyPlanner {
     step: u64,
     /// Pad the token count up to the next of these (empty: no padding).
     pub token_capture_sizes: Vec<u32>,
+    /// Pad the cross-decoder row count up to the next of these (empty: no padding).
     pub cross_capture_sizes: Vec<u32>,
 }
 
 impl ToyPlanner {
+    /// A planner over `geo` whose free lists are shuffled by `seed` (so block ids are arbitrary,
+    /// not ascending), with no capture sizes.
     pub fn new(geo: PlanGeometry, seed: u64) -> Self {
         let mut rng = Rng::new(seed);
         let free = geo

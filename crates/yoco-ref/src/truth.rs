@@ -14,10 +14,15 @@ use crate::error::Result;
 use crate::plan_view::PlanView;
 use crate::rng::chain;
 
+/// What the driver knows about one live request.
 #[derive(Debug, Clone)]
 pub struct ReqTruth {
+    /// Prompt then every sampled token, in order.
     pub tokens: Vec<u32>,
+    /// Leading entries of `tokens` that are the prompt.
     pub prompt_len: usize,
+    /// The request asked for prompt logprobs: it must be admitted with no cached tokens, and its
+    /// cross rows are not limited to its sampling row.
     pub prompt_logprobs: bool,
     /// Tokens with KV (`None` while waiting / preempted).
     pub computed: Option<usize>,
@@ -39,6 +44,7 @@ impl ReqTruth {
         self.hashes[p]
     }
 
+    /// Tokens sampled so far.
     pub fn num_output(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
@@ -65,12 +71,15 @@ pub fn namespace_root(extras: &HashExtras) -> u64 {
     h
 }
 
+/// The ground truth of every live request, by id (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct Truth {
+    /// Live requests by id; finished and aborted ones are removed.
     pub reqs: HashMap<u64, ReqTruth>,
 }
 
 impl Truth {
+    /// Records a submitted request (waiting, nothing computed). Panics on an id that is live.
     pub fn add(&mut self, id: u64, prompt: &[u32], extras: &HashExtras, prompt_logprobs: bool) {
         let prev = self.reqs.insert(
             id,
@@ -86,6 +95,7 @@ impl Truth {
         assert!(prev.is_none(), "request id {id} reused while live");
     }
 
+    /// A live request's truth; the error says the id is not live.
     pub fn get(&self, id: u64) -> Result<&ReqTruth> {
         match self.reqs.get(&id) {
             Some(r) => Ok(r),
@@ -93,6 +103,7 @@ impl Truth {
         }
     }
 
+    /// As [`Truth::get`], mutable.
     pub fn get_mut(&mut self, id: u64) -> Result<&mut ReqTruth> {
         match self.reqs.get_mut(&id) {
             Some(r) => Ok(r),

@@ -15,15 +15,23 @@ use crate::rng::Rng;
 /// A request and the step before whose scheduling it arrives.
 #[derive(Debug, Clone)]
 pub struct Arrival {
+    /// Submitted just before the scheduler plans this step.
     pub step: usize,
+    /// The request as submitted.
     pub req: NewRequest,
 }
 
+/// A reproducible run: the scheduler configuration and what arrives when. Everything follows from
+/// `seed` (and the spec it was drawn with), so a failing seed is the whole bug report.
 #[derive(Debug, Clone)]
 pub struct Workload {
+    /// The seed it was drawn from (also seeds the driver's choices and the synthetic K/V).
     pub seed: u64,
+    /// The scheduler under test.
     pub sched: SchedulerConfig,
+    /// Token ids lie in `0..vocab` (the mock model's vocabulary).
     pub vocab: u32,
+    /// Requests in step order.
     pub arrivals: Vec<Arrival>,
     /// Per step, chance to abort one live request (before `schedule` or between it and `update`).
     pub abort_chance: f64,
@@ -36,9 +44,13 @@ pub struct Workload {
 /// Knobs of the generator.
 #[derive(Debug, Clone)]
 pub struct WorkloadSpec {
+    /// Token ids are drawn from `0..vocab`.
     pub vocab: u32,
+    /// Requests in the initial stream, at most (follow-up turns come on top).
     pub max_requests: usize,
+    /// Prompt tokens, at most (also bounds `max_model_len` with `max_output`).
     pub max_prompt: usize,
+    /// `max_tokens` of a request, at most.
     pub max_output: u32,
     /// Layer layouts to choose from; `None` draws a random one (see [`random_layers`]).
     pub layers: Option<Vec<LayerKind>>,
@@ -108,6 +120,8 @@ pub fn random_layers(rng: &mut Rng, block_size: u32) -> Vec<LayerKind> {
     }
 }
 
+/// Draws a workload from `seed`: configuration and request stream (see the module docs). The
+/// same seed and spec always give the same workload.
 pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
     let mut rng = Rng::new(seed);
     let bs = *rng.pick(&[2u32, 4, 4, 8, 8, 16]);

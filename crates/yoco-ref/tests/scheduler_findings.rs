@@ -10,7 +10,6 @@ use yoco_ref::driver::{run_oracle, DriverOptions};
 /// fits in the pool (3 blocks) without the hit, so it must be admitted (recompute, or the
 /// full-block part of the hit only), not wait forever with the pool empty.
 #[test]
-#[ignore = "sched bug (found by property_oracle): admission retries the same unfittable hit forever"]
 fn prefix_hit_whose_copy_cannot_fit_still_admits() {
     let r = run_oracle(
         &common::unfittable_hit_workload(),

@@ -7,10 +7,14 @@ use crate::incremental::{decode, IncrementalDecoder};
 use crate::stop::StopStrings;
 use crate::PROMPT_CONTEXT_TOKENS;
 
+/// Why a text operation failed; `yoco-py` raises each as a Python exception carrying the message.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
+    /// The tokenizer failed to load (`tokenizer.json` missing or malformed) or to decode ids (an id
+    /// outside the vocabulary); the tokenizer's own message.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// [`TextBatch::add`] was given an id that is still live: its text state would be overwritten.
     #[error("request {0} is already registered")]
     Duplicate(u64),
 }
@@ -23,8 +27,12 @@ const FINISH_STOP_TOKEN: u8 = 2;
 /// Per-request text options (from `SamplingParams`).
 #[derive(Debug, Clone, Default)]
 pub struct SeqOptions {
+    /// Leave special tokens (BOS, turn markers, ...) out of the text, as vLLM does by default.
     pub skip_special_tokens: bool,
+    /// Keep the matched stop string, or the text of the EOS / stop token that ended the request,
+    /// at the end of the output (vLLM's flag of that name); otherwise the text stops before it.
     pub include_stop_str_in_output: bool,
+    /// Stop strings: the request ends at the earliest occurrence of any (empty strings ignored).
     pub stop: Vec<String>,
     /// Produce per-step deltas (streaming); otherwise only the final text is read.
     pub stream: bool,
@@ -83,14 +91,24 @@ pub struct TextBatch {
 }
 
 impl TextBatch {
+    /// An empty batch decoding with `tok` (the checkpoint's tokenizer).
     pub fn new(tok: Tokenizer) -> Self {
-        Self { tok, seqs: FxHashMap::default(), out: StepText::default() }
+        Self {
+            tok,
+            seqs: FxHashMap::default(),
+            out: StepText::default(),
+        }
     }
 
+    /// An empty batch with the tokenizer loaded from a `tokenizer.json` at `path`
+    /// ([`TextError::Tokenizer`] names the load failure).
     pub fn from_file(path: &str) -> Result<Self, TextError> {
-        Ok(Self::new(Tokenizer::from_file(path).map_err(|e| TextError::Tokenizer(e.to_string()))?))
+        Ok(Self::new(
+            Tokenizer::from_file(path).map_err(|e| TextError::Tokenizer(e.to_string()))?,
+        ))
     }
 
+    /// The tokenizer, for callers that encode prompts with the same vocabulary.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tok
     }
@@ -102,7 +120,15 @@ impl TextBatch {
         }
         let ctx = &prompt[prompt.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
         let stops = StopStrings::new(opts.stop.clone());
-        let seq = SeqText { decoder: IncrementalDecoder::new(ctx), tokens: Vec::new(), text: String::new(), emitted: 0, stops, opts, stopped: false };
+        let seq = SeqText {
+            decoder: IncrementalDecoder::new(ctx),
+            tokens: Vec::new(),
+            text: String::new(),
+            emitted: 0,
+            stops,
+            opts,
+            stopped: false,
+        };
         self.seqs.insert(id, seq);
         Ok(())
     }
@@ -112,14 +138,17 @@ impl TextBatch {
         self.seqs.remove(&id).is_some()
     }
 
+    /// Whether `id` is registered (added and not yet removed or taken).
     pub fn contains(&self, id: u64) -> bool {
         self.seqs.contains_key(&id)
     }
 
+    /// Registered requests: each holds decoder state until it is removed or taken.
     pub fn len(&self) -> usize {
         self.seqs.len()
     }
 
+    /// No request is registered.
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
     }
@@ -143,10 +172,17 @@ impl TextBatch {
     /// Advances the requests of one step. `ids[k]` received `tokens[k]` (-1: none) and has core
     /// finish code `finish[k]` (0 = running). Ids this batch does not know (requests without
     /// detokenization) are skipped. A request that matched a stop string ignores later tokens.
-    pub fn step(&mut self, ids: &[u64], tokens: &[i32], finish: &[u8]) -> Result<&StepText, TextError> {
+    pub fn step(
+        &mut self,
+        ids: &[u64],
+        tokens: &[i32],
+        finish: &[u8],
+    ) -> Result<&StepText, TextError> {
         self.out.clear();
         for k in 0..ids.len() {
-            let Some(seq) = self.seqs.get_mut(&ids[k]) else { continue };
+            let Some(seq) = self.seqs.get_mut(&ids[k]) else {
+                continue;
+            };
             if seq.stopped {
                 continue;
             }
@@ -161,7 +197,7 @@ impl TextBatch {
             let skip = seq.opts.skip_special_tokens;
             let old_len = seq.text.len();
             let stop_token = code == FINISH_EOS || code == FINISH_STOP_TOKEN;
-            let decode_tok = tok >= 0 && !(stop_token && !seq.opts.include_stop_str_in_output);
+            let decode_tok = tok >= 0 && (!stop_token || seq.opts.include_stop_str_in_output);
             if seq.lazy() {
                 // Nobody reads this text before the end: decode it once, at finish, the same way.
                 if code != 0 {
@@ -180,7 +216,11 @@ impl TextBatch {
                 seq.text.push_str(&rest);
             }
             if let Some((at, which)) = seq.stops.find(&seq.text, old_len) {
-                let keep = if seq.opts.include_stop_str_in_output { at + seq.opts.stop[which].len() } else { at };
+                let keep = if seq.opts.include_stop_str_in_output {
+                    at + seq.opts.stop[which].len()
+                } else {
+                    at
+                };
                 seq.text.truncate(keep);
                 seq.stopped = true;
                 self.out.stop_idx.push(k as u32);
@@ -191,14 +231,18 @@ impl TextBatch {
                 let mut limit = seq.text.len();
                 if !done && !seq.opts.include_stop_str_in_output && !seq.stops.is_empty() {
                     // Hold back what could be the start of a stop string, so text is never retracted.
-                    limit = limit.saturating_sub(seq.stops.max_len() - 1).max(seq.emitted);
+                    limit = limit
+                        .saturating_sub(seq.stops.max_len() - 1)
+                        .max(seq.emitted);
                     while !seq.text.is_char_boundary(limit) {
                         limit -= 1;
                     }
                 }
                 if limit > seq.emitted {
                     self.out.delta_idx.push(k as u32);
-                    self.out.deltas.push(seq.text[seq.emitted..limit].to_string());
+                    self.out
+                        .deltas
+                        .push(seq.text[seq.emitted..limit].to_string());
                     seq.emitted = limit;
                 }
             }
@@ -213,6 +257,8 @@ impl TextBatch {
 
     /// Decodes each id on its own (logprob tokens), special tokens included.
     pub fn decode_each(&self, ids: &[u32]) -> Result<Vec<String>, TextError> {
-        ids.iter().map(|&i| decode(&self.tok, &[i], false)).collect()
+        ids.iter()
+            .map(|&i| decode(&self.tok, &[i], false))
+            .collect()
     }
 }

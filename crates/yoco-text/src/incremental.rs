@@ -10,6 +10,8 @@ use tokenizers::Tokenizer;
 
 use crate::batch::TextError;
 
+/// Incremental decoder of one sequence's output: turns tokens into text as they arrive, with the
+/// same result as decoding the whole output at once (prefix/read offsets, see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct IncrementalDecoder {
     /// Context tokens (the prompt's tail) followed by the output tokens fed so far.
@@ -23,12 +25,21 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// A decoder whose first output token is decoded after `context` (the prompt's last tokens).
     pub fn new(context: &[u32]) -> Self {
-        Self { ids: context.to_vec(), prefix_offset: 0, read_offset: context.len() }
+        Self {
+            ids: context.to_vec(),
+            prefix_offset: 0,
+            read_offset: context.len(),
+        }
     }
 
     /// Feeds one token; returns the text it completes (often empty while a multi-byte character
     /// is still incomplete).
-    pub fn push(&mut self, tok: &Tokenizer, id: u32, skip_special: bool) -> Result<String, TextError> {
+    pub fn push(
+        &mut self,
+        tok: &Tokenizer,
+        id: u32,
+        skip_special: bool,
+    ) -> Result<String, TextError> {
         self.ids.push(id);
         self.emit(tok, skip_special, false)
     }
@@ -46,8 +57,17 @@ impl IncrementalDecoder {
         self.emit(tok, skip_special, true)
     }
 
-    fn emit(&mut self, tok: &Tokenizer, skip_special: bool, force: bool) -> Result<String, TextError> {
-        let prefix = decode(tok, &self.ids[self.prefix_offset..self.read_offset], skip_special)?;
+    fn emit(
+        &mut self,
+        tok: &Tokenizer,
+        skip_special: bool,
+        force: bool,
+    ) -> Result<String, TextError> {
+        let prefix = decode(
+            tok,
+            &self.ids[self.prefix_offset..self.read_offset],
+            skip_special,
+        )?;
         let full = decode(tok, &self.ids[self.prefix_offset..], skip_special)?;
         if !force && (full.len() <= prefix.len() || full.ends_with('\u{FFFD}')) {
             return Ok(String::new());
@@ -68,9 +88,14 @@ impl IncrementalDecoder {
     }
 }
 
-pub(crate) fn decode(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
+pub(crate) fn decode(
+    tok: &Tokenizer,
+    ids: &[u32],
+    skip_special: bool,
+) -> Result<String, TextError> {
     if ids.is_empty() {
         return Ok(String::new());
     }
-    tok.decode(ids, skip_special).map_err(|e| TextError::Tokenizer(e.to_string()))
+    tok.decode(ids, skip_special)
+        .map_err(|e| TextError::Tokenizer(e.to_string()))
 }

@@ -9,6 +9,8 @@
 //!
 //! Kept out of `yoco-core` on purpose: the tokenizer is a large dependency every core build would pay.
 
+#![warn(missing_docs)]
+
 mod batch;
 mod incremental;
 mod stop;

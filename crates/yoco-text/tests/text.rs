@@ -3,7 +3,10 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use yoco_text::{SeqOptions, TextBatch, Tokenizer};
 
-const TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../python/yoco_rs/default_model/tokenizer.json");
+const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../python/yoco_rs/default_model/tokenizer.json"
+);
 
 fn batch() -> TextBatch {
     TextBatch::from_file(TOKENIZER).unwrap()
@@ -71,7 +74,9 @@ fn streamed_deltas_concatenate_to_the_whole_sequence_decode() {
         let mut deltas = vec![];
         for (i, &t) in ids.iter().enumerate() {
             let code = if i + 1 == ids.len() { 3 } else { 0 };
-            let out = b.step(&[8, 7], &[t as i32, t as i32], &[code, code]).unwrap();
+            let out = b
+                .step(&[8, 7], &[t as i32, t as i32], &[code, code])
+                .unwrap();
             assert!(out.delta_idx.iter().all(|&k| k == 1));
             deltas.extend(out.deltas.iter().cloned());
         }
@@ -86,7 +91,10 @@ fn streamed_deltas_concatenate_to_the_whole_sequence_decode() {
 fn a_split_multibyte_character_is_held_back_until_complete() {
     let mut b = batch();
     let tok = b.tokenizer().clone();
-    let e_acute: Vec<u32> = ["<0xC3>", "<0xA9>"].iter().map(|t| tok.token_to_id(t).unwrap()).collect();
+    let e_acute: Vec<u32> = ["<0xC3>", "<0xA9>"]
+        .iter()
+        .map(|t| tok.token_to_id(t).unwrap())
+        .collect();
     b.add(7, &[], opts(&[], true)).unwrap();
     let first = b.step(&[7], &[e_acute[0] as i32], &[0]).unwrap().clone();
     assert!(first.deltas.is_empty(), "no text for half a character");
@@ -136,14 +144,20 @@ fn streaming_never_emits_text_that_a_stop_string_later_removes() {
     let mut rng = StdRng::seed_from_u64(2);
     let words = ["a", "b", "ab", "abc", "c", " ", "bca"];
     for _ in 0..200 {
-        let s: String = (0..rng.random_range(1..20)).map(|_| words[rng.random_range(0..words.len())]).collect();
+        let s: String = (0..rng.random_range(1..20))
+            .map(|_| words[rng.random_range(0..words.len())])
+            .collect();
         let mut b = batch();
         let tok = b.tokenizer().clone();
         b.add(7, &[], opts(&["abca", "cc"], true)).unwrap();
         let ids = enc(&tok, &s);
         let (deltas, _) = run(&mut b, &ids, 3);
         let streamed = deltas.concat();
-        let cut = [s.find("abca"), s.find("cc")].into_iter().flatten().min().unwrap_or(s.len());
+        let cut = [s.find("abca"), s.find("cc")]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(s.len());
         assert_eq!(streamed, &s[..cut], "text {s:?}");
     }
 }
@@ -160,10 +174,12 @@ fn eos_and_stop_token_text_is_left_out_unless_include_stop_str() {
         o.include_stop_str_in_output = include;
         b.add(7, &[], o).unwrap();
         let (deltas, _) = run(&mut b, &ids, 2);
-        assert!(deltas.is_empty(), "non-streaming requests produce no deltas");
+        assert!(
+            deltas.is_empty(),
+            "non-streaming requests produce no deltas"
+        );
         assert_eq!(b.take(7).unwrap().0, want);
         // the stop token stays in the ids even when its text is left out
-
     }
 }
 
@@ -181,9 +197,16 @@ fn unknown_ids_are_skipped_and_duplicates_rejected() {
 fn an_unfinished_byte_sequence_is_flushed_as_replacement_characters_at_finish() {
     let mut b = batch();
     let tok = b.tokenizer().clone();
-    let ids = vec![enc(&tok, "ok")[0], tok.token_to_id("<0xE6>").unwrap(), tok.token_to_id("<0x97>").unwrap()];
+    let ids = [
+        enc(&tok, "ok")[0],
+        tok.token_to_id("<0xE6>").unwrap(),
+        tok.token_to_id("<0x97>").unwrap(),
+    ];
     b.add(7, &[], opts(&[], true)).unwrap();
-    let mid = b.step(&[7, 7], &[ids[0] as i32, ids[1] as i32], &[0, 0]).unwrap().clone();
+    let mid = b
+        .step(&[7, 7], &[ids[0] as i32, ids[1] as i32], &[0, 0])
+        .unwrap()
+        .clone();
     assert_eq!(mid.deltas.concat(), tok.decode(&ids[..1], true).unwrap());
     let end = b.step(&[7], &[ids[2] as i32], &[3]).unwrap().clone();
     assert_eq!(end.deltas, vec!["\u{FFFD}\u{FFFD}".to_string()]);

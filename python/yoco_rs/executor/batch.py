@@ -15,6 +15,9 @@ import torch
 
 @dataclass
 class ForwardBatch:
+    """One step's input to ``Executor.execute``: the scheduler's plan as flat, padded torch tensors
+    (no per-token Python), covering both decoder halves and the KV copies to apply first."""
+
     num_tokens: int
     """T: real scheduled tokens; ``input_ids[T:]`` is padding (id 0, position 0, slot 0 of block 0)."""
     input_ids: torch.Tensor
@@ -44,4 +47,5 @@ class ForwardBatch:
 
     @property
     def num_rows(self) -> int:
+        """R: requests in the step."""
         return int(self.seq_lens.shape[0])

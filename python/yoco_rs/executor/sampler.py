@@ -48,6 +48,9 @@ class RowParams:
 
 @dataclass
 class SampleOutput:
+    """What one ``Sampler.sample`` call returns: the sampled ids and, for rows that asked, their logprobs
+    (numpy, ready for the engine's output objects)."""
+
     sampled: torch.Tensor
     """[S] int32 on the CPU: one token per sampling request, in ``sample_rows`` order."""
     lp_idx: Optional[np.ndarray] = None

@@ -10,17 +10,31 @@
 /// reproduce every hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
+    /// Sub-block hashes that gained their first holder: a router may now send matching prompts
+    /// here.
     Stored {
+        /// KV group whose index now holds the hashes (each group caches independently, so a
+        /// prefix is only servable where every group holds it).
         group: u32,
+        /// Hash of the sub-block just before `hashes[0]` in the request's chain, the seed a
+        /// consumer re-hashes from; `None` when `hashes[0]` is the chain's first sub-block.
         parent: Option<u64>,
+        /// The new hashes, in chain order (a contiguous run: each one extends the previous).
         hashes: Vec<u64>,
+        /// The tokens those hashes cover, `block_size` per hash, so the run can be verified.
         token_ids: Vec<u32>,
+        /// Tokens per hashed unit: the manager's `sub_block_size`, not its allocation block size.
         block_size: u32,
     },
+    /// Hashes whose last holder was evicted or invalidated in `group`: the prefix is no longer
+    /// servable from here. Hashes still held by another block are not reported.
     Removed {
+        /// KV group that lost the hashes.
         group: u32,
+        /// The hashes without a holder now (order unspecified).
         hashes: Vec<u64>,
     },
+    /// The whole prefix cache was dropped (`reset_prefix_cache`): forget every hash of this engine.
     AllCleared,
 }
 

@@ -13,16 +13,30 @@ pub enum LayerKind {
     /// Causal attention over the whole history; owns KV.
     Full,
     /// Sliding-window attention: key k visible from query q iff `q - window < k <= q`; owns KV.
-    Sliding { window: u32 },
+    Sliding {
+        /// Tokens a query sees, itself included (>= 1).
+        window: u32,
+    },
     /// Computes no K/V: attends to the KV of layer `donor` (an earlier producing layer).
-    SharesKv { donor: usize },
+    SharesKv {
+        /// Index of the producing layer whose KV this layer reads.
+        donor: usize,
+    },
 }
 
-/// Attention type of a KV group.
+/// Attention type of a KV group: what decides which of a request's blocks the group must keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttnKind {
+    /// Every block of the history stays in the table.
     Full,
-    Sliding { window: u32 },
+    /// Blocks wholly before the window are released (their table entries become [`NULL_BLOCK`]).
+    ///
+    /// [`NULL_BLOCK`]: super::NULL_BLOCK
+    Sliding {
+        /// Tokens a query sees, itself included (>= 1); layers with different windows are
+        /// different groups.
+        window: u32,
+    },
 }
 
 impl AttnKind {
@@ -38,6 +52,7 @@ impl AttnKind {
 /// One KV group: the producing layers of one attention type, which share block tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvGroup {
+    /// Attention type shared by every layer of the group (it decides what the tables keep).
     pub kind: AttnKind,
     /// Producing layers of this group, ascending. Layer `layers[i]` is slice `i` of the group's
     /// KV tensor on the executor side.

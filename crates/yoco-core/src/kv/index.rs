@@ -17,19 +17,39 @@ use super::BlockId;
 
 type Holders = SmallVec<[BlockId; 2]>;
 
+/// Blocks per chunk of list storage (chunks are allocated on first use).
+const CHUNK_BLOCKS: usize = 64;
+
+/// The index of one group.
+///
+/// Storage is laid out for the decode hot path: block `b`'s list lives in a flat slice of `spb`
+/// slots (chunk `b / CHUNK_BLOCKS`, slots `(b % CHUNK_BLOCKS) * spb ..`, the first `lens[b]` used),
+/// so indexing a block allocates nothing after its chunk exists. The map grows with its content
+/// (sizing it for a full pool up front was measured: with a pool much larger than what is indexed,
+/// e.g. heavy prefix sharing, its sparse inserts touch every page of the big table and page faults
+/// dominate the steps).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SubBlockIndex {
     map: FxHashMap<BlockHash, Holders>,
-    lists: Vec<Vec<BlockHash>>,
+    /// Sub-blocks per block (slots per list).
+    spb: usize,
+    /// List storage, `CHUNK_BLOCKS * spb` hashes per chunk; empty until first used.
+    chunks: Vec<Box<[BlockHash]>>,
+    /// Used slots of each block's list.
+    lens: Vec<u32>,
     /// Blocks whose list is non-empty.
     num_indexed_blocks: u32,
 }
 
 impl SubBlockIndex {
-    pub fn new(num_blocks: u32) -> Self {
+    /// An empty index for blocks `0..num_blocks` holding up to `spb` sub-blocks each.
+    pub fn new(num_blocks: u32, spb: usize) -> Self {
+        let n = num_blocks as usize;
         SubBlockIndex {
             map: FxHashMap::default(),
-            lists: vec![Vec::new(); num_blocks as usize],
+            spb,
+            chunks: vec![Box::default(); n.div_ceil(CHUNK_BLOCKS)],
+            lens: vec![0; n],
             num_indexed_blocks: 0,
         }
     }
@@ -45,11 +65,16 @@ impl SubBlockIndex {
 
     /// The ordered sub-block hashes held by block `b` (its first `len` sub-blocks).
     pub fn list(&self, b: BlockId) -> &[BlockHash] {
-        &self.lists[b as usize]
+        let (b, len) = (b as usize, self.lens[b as usize] as usize);
+        if len == 0 {
+            return &[];
+        }
+        let off = (b % CHUNK_BLOCKS) * self.spb;
+        &self.chunks[b / CHUNK_BLOCKS][off..off + len]
     }
 
     pub fn is_indexed(&self, b: BlockId) -> bool {
-        !self.lists[b as usize].is_empty()
+        self.lens[b as usize] != 0
     }
 
     pub fn num_hashes(&self) -> usize {
@@ -80,14 +105,20 @@ impl SubBlockIndex {
         }
     }
 
-    /// Idempotently extends block `b`'s list to `hashes` (the block's hashes from slot 0). Returns the
-    /// position of the first hash that had no holder before (`hashes.len()` when none did): those
-    /// newly held hashes are a contiguous suffix, because a holder of `h_i` holds `h_{i-1}` too.
+    /// Idempotently extends block `b`'s list to `hashes` (the block's hashes from slot 0, at most
+    /// `spb`). Returns the position of the first hash that had no holder before (`hashes.len()`
+    /// when none did): those newly held hashes are a contiguous suffix, because a holder of `h_i`
+    /// holds `h_{i-1}` too.
     pub fn extend(&mut self, b: BlockId, hashes: &[BlockHash]) -> usize {
-        let list = &mut self.lists[b as usize];
-        let cur = list.len();
+        assert!(
+            hashes.len() <= self.spb,
+            "block {b}: {} sub-blocks, at most {} fit",
+            hashes.len(),
+            self.spb
+        );
+        let cur = self.lens[b as usize] as usize;
         debug_assert_eq!(
-            &list[..cur.min(hashes.len())],
+            &self.list(b)[..cur.min(hashes.len())],
             &hashes[..cur.min(hashes.len())],
             "block {b} holds other sub-blocks"
         );
@@ -97,9 +128,15 @@ impl SubBlockIndex {
         if cur == 0 {
             self.num_indexed_blocks += 1;
         }
+        let chunk = &mut self.chunks[b as usize / CHUNK_BLOCKS];
+        if chunk.is_empty() {
+            *chunk = vec![BlockHash([0; 32]); CHUNK_BLOCKS * self.spb].into_boxed_slice();
+        }
+        let off = (b as usize % CHUNK_BLOCKS) * self.spb;
+        let slots = &mut chunk[off..off + hashes.len()];
         let mut first_fresh = hashes.len();
         for (i, h) in hashes.iter().enumerate().skip(cur) {
-            list.push(*h);
+            slots[i] = *h;
             let holders = self.map.entry(*h).or_default();
             if holders.is_empty() && first_fresh == hashes.len() {
                 first_fresh = i;
@@ -110,18 +147,21 @@ impl SubBlockIndex {
             );
             holders.push(b);
         }
+        self.lens[b as usize] = hashes.len() as u32;
         first_fresh
     }
 
     /// Removes block `b` from the index; appends to `orphaned` the hashes that lost their last
     /// holder (in slot order). Unknown / unindexed blocks are a no-op.
     pub fn pop(&mut self, b: BlockId, orphaned: &mut Vec<BlockHash>) {
-        let list = std::mem::take(&mut self.lists[b as usize]);
-        if list.is_empty() {
+        let len = self.lens[b as usize] as usize;
+        if len == 0 {
             return;
         }
+        self.lens[b as usize] = 0;
         self.num_indexed_blocks -= 1;
-        for h in &list {
+        let off = (b as usize % CHUNK_BLOCKS) * self.spb;
+        for h in &self.chunks[b as usize / CHUNK_BLOCKS][off..off + len] {
             let Entry::Occupied(mut e) = self.map.entry(*h) else {
                 panic!("indexed hash {h:?} has no holders")
             };
@@ -136,18 +176,12 @@ impl SubBlockIndex {
                 orphaned.push(*h);
             }
         }
-        // keep the allocation for the block's next life
-        let mut list = list;
-        list.clear();
-        self.lists[b as usize] = list;
     }
 
-    /// Drops everything.
+    /// Drops everything (list storage is kept).
     pub fn clear(&mut self) {
         self.map.clear();
-        for l in &mut self.lists {
-            l.clear();
-        }
+        self.lens.fill(0);
         self.num_indexed_blocks = 0;
     }
 
@@ -155,7 +189,8 @@ impl SubBlockIndex {
     pub fn check(&self) -> Result<(), String> {
         let mut pairs = 0usize;
         let mut indexed = 0u32;
-        for (b, list) in self.lists.iter().enumerate() {
+        for b in 0..self.lens.len() {
+            let list = self.list(b as BlockId);
             if !list.is_empty() {
                 indexed += 1;
             }
@@ -210,7 +245,7 @@ mod tests {
     #[test]
     fn longest_match_walks_until_the_first_miss() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32);
+        let mut idx = SubBlockIndex::new(32, 3);
         assert_eq!(idx.longest_match(&h), (None, 0));
         assert_eq!(idx.extend(10, &h), 0);
         assert_eq!(idx.longest_match(&h), (Some(10), 3));
@@ -222,7 +257,7 @@ mod tests {
     #[test]
     fn popping_one_of_two_holders_keeps_the_other() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32);
+        let mut idx = SubBlockIndex::new(32, 3);
         idx.extend(10, &h);
         assert_eq!(
             idx.extend(20, &h[..2]),
@@ -251,7 +286,7 @@ mod tests {
     #[test]
     fn extension_is_idempotent_and_reports_the_fresh_suffix() {
         let h = hashes();
-        let mut idx = SubBlockIndex::new(32);
+        let mut idx = SubBlockIndex::new(32, 3);
         assert_eq!(idx.extend(3, &h[..1]), 0);
         assert_eq!(idx.extend(3, &h[..1]), 1, "re-extending adds nothing");
         assert_eq!(idx.extend(3, &h), 1, "only h1, h2 are new");

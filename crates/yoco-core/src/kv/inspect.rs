@@ -41,6 +41,15 @@ impl KvManager {
         seqs: impl IntoIterator<Item = &'a SeqKv>,
     ) -> std::result::Result<(), String> {
         let seqs: Vec<&SeqKv> = seqs.into_iter().collect();
+        for (si, seq) in seqs.iter().enumerate() {
+            let limits = (seq.fast_total, seq.fast_computed);
+            if limits != (0, 0) && limits != self.fast_limits(seq) {
+                return Err(format!(
+                    "seq {si}: allocation fast-path limits {limits:?} are stale (tables say {:?})",
+                    self.fast_limits(seq)
+                ));
+            }
+        }
         for g in 0..self.groups.len() {
             let (pool, idx) = (&self.pools[g], &self.indexes[g]);
             pool.queue()

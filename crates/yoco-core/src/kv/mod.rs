@@ -50,8 +50,10 @@
 //! 3. [`KvManager::take_copy_ops`] for the step plan; the executor copies before the forward.
 //! 4. After execution: [`KvManager::commit_computed`] (indexes the newly computed sub-blocks, the
 //!    partial tail included), then [`KvManager::release_copy_sources`].
-//! 5. [`KvManager::free`] on finish / preemption / abort: tail first; blocks holding indexed
-//!    sub-blocks go to the LRU tail (kept longest), others to the head (reused first).
+//! 5. [`KvManager::free`] on finish / abort: tail first; blocks holding indexed sub-blocks go to the
+//!    LRU tail (kept longest), others to the head (reused first). Preemption calls
+//!    [`KvManager::free_blocks`] instead: the same release, but the request keeps its hash chain,
+//!    so resuming it does not rehash its history.
 //!
 //! # Decisions (where vLLM and RBLN differ, and why)
 //!
@@ -96,12 +98,12 @@
 //! | operation | cost |
 //! |---|---|
 //! | free-list pop / remove / append / prepend | O(1), no allocation |
-//! | `hash_tokens` | O(new tokens) SHA-256 (~11 ns/token measured) |
+//! | `hash_tokens` | O(1) unless a sub-block completes; then O(new tokens) SHA-256 (~11 ns/token measured) |
 //! | `lookup`, full attention | O(blocks of the hit + s) probes |
 //! | `lookup`, sliding window | O(blocks scanned) probes, each block probed once (memo) |
-//! | `allocate` | O(new table entries) + O(s) per evicted block |
-//! | `commit_computed` | O(newly computed sub-blocks) |
-//! | `free` | O(table length) |
+//! | `allocate` | O(1) fast path for a running request whose tables cover the new tokens and whose windows release nothing (most decode steps); else O(groups + new table entries) + O(s) per evicted block |
+//! | `commit_computed` | O(1) unless a sub-block completes; then O(newly computed sub-blocks) hash-map inserts |
+//! | `free`, `free_blocks` | O(table length) |
 //! | `take_copy_ops` / `release_copy_sources` | O(ops) |
 //! | `reset_prefix_cache` | O(pool) |
 //! | `check_invariants` | O(pool + index + tables), tests only |
@@ -111,15 +113,28 @@
 //! # Files
 //!
 //! `groups.rs` (layers to groups), `pool.rs` (ref counts + intrusive LRU), `hashing.rs` (the chain),
-//! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (allocation,
-//! indexing, copies, frees, metrics), `inspect.rs` (introspection, `check_invariants`), `seq.rs`
-//! (per-request state), `events.rs`.
+//! `index.rs` (the per-group trie), `lookup.rs` (longest servable hit), `manager.rs` (the manager's
+//! state, construction, hashing, lookup, metrics) with `manager/allocate.rs` (admission, growth,
+//! copy-on-match, adoption), `manager/commit.rs` (deferred indexing, copy-op hand-off) and
+//! `manager/release.rs` (frees, window release, eviction, reset), `inspect.rs` (introspection,
+//! `check_invariants`), `seq.rs` (per-request state), `events.rs`.
 //!
 //! # Changes to the contract
 //!
 //! Additive only, except: [`PrefixHit`] now carries a private plan (it can only come from
 //! [`KvManager::lookup`]); `allocate` releases out-of-window sliding blocks even when it returns
 //! `NoSpace`, and panics on a hit for a request that already holds blocks or on a stale hit.
+//! Added later: [`KvManager::free_blocks`] (preemption keeping the chain) and
+//! [`SeqKv::num_null_blocks`].
+//!
+//! # Hot path
+//!
+//! A steady decode step costs per request O(1) checks here: `allocate`, `commit_computed` and
+//! `hash_tokens` each compare against limits kept in [`SeqKv`] and return at once unless a block
+//! boundary (new block, window release) or a sub-block boundary (hash, index) is crossed. Those
+//! boundary steps pay the real cost: one SHA-256 per sub-block, one hash-map insert per group,
+//! a pool pop / push. Index lists live in flat, lazily allocated chunks (no allocation per block).
+//! `benches/RESULTS.md`, "Scheduler", has the before/after figures.
 
 mod events;
 mod groups;
@@ -151,6 +166,8 @@ pub struct KvConfig {
     pub sub_block_size: u32,
     /// Blocks per group pool, block 0 included (so `num_blocks[g] - 1` are usable).
     pub num_blocks: Vec<u32>,
+    /// Index computed sub-blocks and serve later requests from them. Off: every block is plain
+    /// scratch, freed blocks are reused at once and `lookup` never hits.
     pub enable_prefix_caching: bool,
     /// Collect [`KvEvent`]s (off by default: costs a little per indexed sub-block).
     pub enable_events: bool,
@@ -222,9 +239,16 @@ pub struct NoSpace;
 /// block `src` into block `dst`, in every layer of `group`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyOp {
+    /// KV group (the executor's tensor) both blocks belong to.
     pub group: u32,
+    /// Cached block holding the matched sub-blocks; pinned until
+    /// [`KvManager::release_copy_sources`], so it cannot be reused before the copy ran.
     pub src: BlockId,
+    /// The request's private block, fresh from the pool; the request computes into it after the
+    /// copied slots.
     pub dst: BlockId,
+    /// Leading token slots to copy: the matched sub-blocks, a multiple of `sub_block_size` below
+    /// `block_size`.
     pub num_tokens: u32,
 }
 
@@ -233,7 +257,10 @@ pub struct CopyOp {
 pub struct KvMetrics {
     /// Usable blocks, all groups (block 0 of each pool excluded).
     pub blocks_total: u64,
+    /// Blocks no request or pinned copy source references, all groups; cached blocks count as
+    /// free (they are reused, evicting their cache, when nothing uncached is left).
     pub blocks_free: u64,
+    /// `blocks_total - blocks_free`: blocks held by requests or pinned as copy sources.
     pub blocks_used: u64,
     /// Free blocks that still carry cached KV (evictable, matchable).
     pub blocks_cached: u64,
@@ -243,6 +270,7 @@ pub struct KvMetrics {
     pub prefix_hit_tokens: u64,
     /// Copy-on-match operations queued (one per group per partial hit).
     pub copies: u64,
+    /// Token slots those copies move (per group, so a hybrid model counts a copy once per group).
     pub copied_tokens: u64,
     /// Partial blocks adopted instead of copied.
     pub adoptions: u64,

@@ -27,6 +27,14 @@ pub struct SeqKv {
     pub(crate) num_indexed_sub: usize,
     /// Has a first allocation succeeded (prefix-query metrics count once per admission).
     pub(crate) admitted: bool,
+    /// Allocation fast path ([`KvManager::allocate`](super::KvManager::allocate)): while
+    /// `num_computed + num_new <= fast_total` and `num_computed < fast_computed`, a running
+    /// request's allocation (no hit, no reservation) would change nothing: every table already
+    /// covers the tokens and no sliding window has left a block behind. Both limits are exact
+    /// consequences of the tables, recomputed by every full allocation; 0 (the initial value, and
+    /// after a failed allocation or a free) sends the next call down the full path.
+    pub(crate) fast_total: usize,
+    pub(crate) fast_computed: usize,
 }
 
 impl SeqKv {
@@ -51,6 +59,12 @@ impl SeqKv {
             .iter()
             .zip(&self.num_null)
             .any(|(t, &n)| t.len() > n as usize)
+    }
+
+    /// Leading [`NULL_BLOCK`] entries of group `g`'s table (sliding-window blocks released or
+    /// skipped); every later entry is a real block.
+    pub fn num_null_blocks(&self, g: usize) -> usize {
+        self.num_null[g] as usize
     }
 
     /// Real (non-null) blocks held in group `g`.

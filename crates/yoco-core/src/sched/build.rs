@@ -119,6 +119,9 @@ impl Scheduler {
             let samples = end == num_tokens;
 
             // Persistent block tables: whole rows for admitted requests, deltas otherwise.
+            // Slots walk the table from the first position's block and offset (one division per
+            // row, not per token).
+            let (first_block, first_off) = ((start / bs) as usize, start % bs);
             let mut dirty = false;
             for g in 0..groups {
                 let table = seq.table(g);
@@ -126,18 +129,23 @@ impl Scheduler {
                     self.tables.write_row(row, g, table);
                     dirty = true;
                 } else {
-                    dirty |= self.tables.sync_row(row, g, table);
+                    dirty |= self.tables.sync_row(row, g, table, seq.num_null_blocks(g));
                 }
                 let slots =
                     &mut p.slot_mapping[g * t_pad as usize + t0 as usize..][..sc.num_new as usize];
-                for (i, s) in slots.iter_mut().enumerate() {
-                    let pos = start + i as u32;
-                    let block = table[(pos / bs) as usize];
+                let (mut b, mut off) = (first_block, first_off);
+                for s in slots.iter_mut() {
+                    let block = table[b];
                     debug_assert!(
                         block != NULL_BLOCK,
                         "a computed position maps to a real block"
                     );
-                    *s = block as i64 * bs as i64 + (pos % bs) as i64;
+                    *s = block as i64 * bs as i64 + off as i64;
+                    off += 1;
+                    if off == bs {
+                        off = 0;
+                        b += 1;
+                    }
                 }
             }
             if dirty {

@@ -87,6 +87,12 @@ pub(super) fn check(s: &Scheduler) -> Result<(), String> {
                 r.id, r.status, r.row, r.num_computed
             ));
         }
+        if r.kv.as_ref().map_or(true, |seq| seq.holds_blocks()) {
+            return Err(format!(
+                "waiting request {} has no KV state or still holds blocks",
+                r.id
+            ));
+        }
         if r.status == Status::Waiting && r.num_preemptions != 0 {
             return Err(format!("request {} was preempted but is marked new", r.id));
         }

@@ -98,9 +98,13 @@ pub struct StepPlan {
     pub logits_cross_pos: Vec<i32>,
 
     // ---- changes since the previous plan ------------------------------------------------------------
-    /// Requests admitted (new or resumed) this step: id, row, and prefix-cache hit in tokens.
+    /// Requests admitted (new or resumed) this step, in admission order; the next two arrays are
+    /// parallel to this one.
     pub admitted_ids: Vec<u64>,
+    /// Persistent row each admitted request was given (its `req_rows` value from now on).
     pub admitted_rows: Vec<i32>,
+    /// Tokens of each admitted request already served from the prefix cache (its `num_computed`
+    /// at admission), for the engine's per-request cache-hit report.
     pub admitted_num_cached: Vec<i32>,
     /// Requests preempted this step (they lost their rows and blocks and wait again).
     pub preempted_ids: Vec<u64>,

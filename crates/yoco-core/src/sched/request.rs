@@ -7,6 +7,7 @@ use crate::kv::HashExtras;
 pub struct NewRequest {
     /// Engine-chosen id, unique among live requests.
     pub id: u64,
+    /// Prompt token ids (>= 1 token, at most `max_model_len`); hashed at once for prefix caching.
     pub prompt: Vec<u32>,
     /// Output tokens at most (>= 1).
     pub max_tokens: u32,
@@ -16,6 +17,8 @@ pub struct NewRequest {
     pub eos_token_ids: Vec<u32>,
     /// Stop with reason `StopToken` when one of these is sampled.
     pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS tokens (benchmarks that need exact output lengths); stop token ids
+    /// still stop the request.
     pub ignore_eos: bool,
     /// Lower value = more important (priority policy only).
     pub priority: i32,

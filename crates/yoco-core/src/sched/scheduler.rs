@@ -35,12 +35,16 @@ pub struct SchedulerConfig {
     pub layers: Vec<LayerKind>,
     /// `kv.max_num_batched_tokens` is overwritten with [`SchedulerConfig::max_num_batched_tokens`].
     pub kv: KvConfig,
+    /// Requests running at once (rows of a plan and of the persistent block tables).
     pub max_num_seqs: u32,
+    /// Token budget of one step, all rows together (the executor's largest batch).
     pub max_num_batched_tokens: u32,
+    /// Longest sequence (prompt + output) a request may reach; sizes each block-table row.
     pub max_model_len: u32,
     /// Per-request chunk cap for long prompts when other requests compete (0 = off). Ignored when
     /// only one request is unfinished (vLLM 0.33).
     pub long_prefill_token_threshold: u32,
+    /// Waiting-queue order and preemption victim choice.
     pub policy: Policy,
     /// Skip-and-continue admission: a waiting request that does not fit may be passed over by later
     /// ones at most this many steps; then admission stops behind it until it fits (0 = strict HOL).
@@ -88,9 +92,13 @@ impl SchedulerConfig {
 /// Scheduler statistics the engine exports.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SchedulerStats {
+    /// Requests holding a row and blocks now.
     pub num_running: u32,
+    /// Requests queued for admission, preempted ones included.
     pub num_waiting: u32,
+    /// Preemptions since the scheduler was built (a request preempted twice counts twice).
     pub num_preemptions: u64,
+    /// The block manager's gauges and prefix-cache counters.
     pub kv: KvMetrics,
 }
 
@@ -112,6 +120,9 @@ pub(super) struct Pending {
     pub samples: bool,
 }
 
+/// The engine's scheduler: owns the requests, the [`KvManager`] and the persistent block tables,
+/// and turns them into one [`StepPlan`] per step. Single-threaded; the engine drives it as
+/// `add_request`* then `schedule` / executor / `update` in a loop.
 pub struct Scheduler {
     pub(super) cfg: SchedulerConfig,
     pub(super) kv: KvManager,
@@ -142,6 +153,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// Validates `config` (`Error::Config` names the field and what would work), derives the KV
+    /// groups from its layers and sizes the pools and block tables. Overwrites
+    /// `config.kv.max_num_batched_tokens` with the step budget.
     pub fn new(config: SchedulerConfig) -> Result<Self> {
         let mut config = config;
         validate::config(&config)?;
@@ -176,7 +190,7 @@ impl Scheduler {
 
     /// Validates and queues a request (`Error::Request` names what is wrong; `Error::Capacity`
     /// when the pool could never hold it).
-    pub fn add_request(&mut self, req: NewRequest) -> Result<()> {
+    pub fn add_request(&mut self, mut req: NewRequest) -> Result<()> {
         if self.by_id.contains_key(&req.id) {
             return Err(Error::Request(format!(
                 "request id {} is already live; ids must be unique among unfinished requests",
@@ -184,9 +198,8 @@ impl Scheduler {
             )));
         }
         validate::request(&self.cfg, self.kv.groups(), &req)?;
-        let mut seq = self
-            .kv
-            .new_seq(req.hash_extras.clone(), req.prompt_logprobs);
+        let extras = std::mem::take(&mut req.hash_extras);
+        let mut seq = self.kv.new_seq(extras, req.prompt_logprobs);
         self.kv.hash_tokens(&mut seq, &req.prompt);
         let seq_no = self.next_seq_no;
         self.next_seq_no += 1;
@@ -246,14 +259,17 @@ impl Scheduler {
         self.tables.group(g)
     }
 
+    /// Columns of each block-table row: `ceil(max_model_len / block_size)`.
     pub fn max_blocks_per_seq(&self) -> usize {
         self.tables.max_blocks()
     }
 
+    /// Live requests (waiting, preempted or running); the engine's loop runs while this is > 0.
     pub fn num_unfinished(&self) -> usize {
         self.by_id.len()
     }
 
+    /// A snapshot for the engine's metrics export (O(groups)).
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
             num_running: self.running.len() as u32,
@@ -265,14 +281,18 @@ impl Scheduler {
 
     // ---- additions to the contract -----------------------------------------------------------
 
+    /// The configuration in force (after [`Scheduler::new`]'s adjustments).
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
     }
 
+    /// The KV groups derived from the layers: group `g` is block table `g` and the executor's KV
+    /// tensor `g`.
     pub fn kv_groups(&self) -> &[KvGroup] {
         self.kv.groups()
     }
 
+    /// Number of KV groups (pools and block tables).
     pub fn num_groups(&self) -> usize {
         self.num_groups
     }
@@ -298,6 +318,8 @@ impl Scheduler {
         &self.outcome
     }
 
+    /// Moves the last outcome out, like [`Scheduler::take_plan`]; give it back with
+    /// [`Scheduler::recycle_outcome`].
     pub fn take_outcome(&mut self) -> StepOutcome {
         std::mem::take(&mut self.outcome)
     }
@@ -336,6 +358,8 @@ impl Scheduler {
         self.kv.reset_prefix_cache()
     }
 
+    /// KV events collected since the last call, for the engine to publish (empty unless
+    /// `kv.enable_events`).
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
     }

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::plan::FinishReason;
 use super::request::NewRequest;
-use crate::kv::{HashExtras, SeqKv};
+use crate::kv::SeqKv;
 
 /// Where a live request is. Finished requests are removed, so they have no status here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,7 @@ impl StopParams {
     /// length-capped request stops whatever `min_tokens` says.
     ///
     /// `num_output` counts the output tokens including `token`; `num_tokens` is the sequence length.
+    #[inline]
     pub fn check(
         &self,
         token: u32,
@@ -78,12 +79,11 @@ pub(super) struct Req {
     pub status: Status,
     /// Persistent row while running, else [`NO_ROW`].
     pub row: u32,
-    /// KV state. `None` only after a preemption, until the request is admitted again (its chain is
-    /// rehashed then, lazily, so a preemption costs nothing until it matters).
+    /// KV state: the block tables (empty unless running) and the hash chain, kept across
+    /// preemptions. `Some` while the request is live (taken when it is released).
     pub kv: Option<SeqKv>,
     pub stop: StopParams,
     pub priority: i32,
-    pub extras: HashExtras,
     pub prompt_logprobs: bool,
     pub after: Option<u64>,
     /// Steps in which this request failed admission and later requests were tried past it.
@@ -115,7 +115,6 @@ impl Req {
                 ignore_eos: r.ignore_eos,
             },
             priority: r.priority,
-            extras: r.hash_extras,
             prompt_logprobs: r.prompt_logprobs,
             after: r.after,
             skips: 0,

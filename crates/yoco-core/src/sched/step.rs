@@ -5,7 +5,7 @@
 
 use super::scheduler::{Policy, Scheduled, Scheduler};
 use super::state::{Status, NO_ROW};
-use crate::kv::NoSpace;
+use crate::kv::{KvManager, NoSpace, SeqKv};
 
 impl Scheduler {
     pub(super) fn schedule_step(&mut self) {
@@ -107,11 +107,13 @@ impl Scheduler {
 
     /// Recompute preemption: the victim frees its blocks and row, forgets its progress, and waits
     /// at the front (FCFS) or at its key's place (priority). Its full, indexed blocks stay in the
-    /// prefix cache, so resuming usually hits them again.
+    /// prefix cache, so resuming usually hits them again; it keeps its hash chain
+    /// ([`KvManager::free_blocks`](crate::kv::KvManager::free_blocks)), so resuming does not
+    /// rehash its tokens.
     fn preempt(&mut self, slot: u32) {
         let r = self.reqs[slot as usize].as_mut().expect("running slot");
-        if let Some(seq) = r.kv.take() {
-            self.kv.free(seq);
+        if let Some(seq) = r.kv.as_mut() {
+            self.kv.free_blocks(seq);
         }
         let row = std::mem::replace(&mut r.row, NO_ROW);
         r.num_computed = 0;
@@ -138,28 +140,14 @@ impl Scheduler {
             }
             let step = self.step_id;
             let r = self.reqs[slot as usize].as_mut().expect("waiting slot");
-            if r.kv.is_none() {
-                let mut seq = self.kv.new_seq(r.extras.clone(), r.prompt_logprobs);
-                self.kv.hash_tokens(&mut seq, &r.tokens);
-                r.kv = Some(seq);
-            }
             let num_tokens = r.num_tokens();
-            let seq = r.kv.as_mut().expect("KV state just ensured");
-            let hit = self.kv.lookup(seq, num_tokens as usize);
-            let computed = hit.as_ref().map_or(0, |h| h.num_tokens);
-            debug_assert!(
-                computed < num_tokens,
-                "a prefix hit never covers the last token"
-            );
-            let n = (num_tokens - computed).min(cap).min(*budget);
-            match self.kv.allocate(
-                seq,
-                hit.as_ref(),
-                computed as usize,
-                n as usize,
-                num_tokens as usize,
-            ) {
-                Ok(_) => {
+            let seq = r.kv.as_mut().expect("a live request holds KV state");
+            // A preempted request kept its chain: this only hashes tokens appended since (none
+            // in practice), and is free when the chain is complete.
+            self.kv.hash_tokens(seq, &r.tokens);
+            let admitted = admit_alloc(&mut self.kv, seq, num_tokens, cap.min(*budget));
+            match admitted {
+                Ok((computed, n)) => {
                     r.num_computed = computed;
                     r.status = Status::Running;
                     r.skips = 0;
@@ -201,5 +189,56 @@ impl Scheduler {
             Some(&s) => !self.req(s).prompt_computed(),
             None => false,
         }
+    }
+}
+
+/// Allocates a waiting request's first chunk (at most `max_new` tokens), reserving its whole
+/// prompt. Returns `(prefix-cache hit in tokens, tokens scheduled)`.
+///
+/// A hit can need more free blocks than no hit: a trailing partial match pins its source block
+/// while a private copy destination is allocated. On a small pool that extra block may never be
+/// free, and retrying the same hit every step would stall admission behind this request forever
+/// (found by yoco-ref's property tests). So on `NoSpace` the hit is trimmed to its full, shared
+/// blocks, and then dropped; each attempt is side-effect free when it fails.
+fn admit_alloc(
+    kv: &mut KvManager,
+    seq: &mut SeqKv,
+    num_tokens: u32,
+    max_new: u32,
+) -> Result<(u32, u32), NoSpace> {
+    let block_size = kv.config().block_size;
+    let mut hit = kv.lookup(seq, num_tokens as usize);
+    loop {
+        let computed = hit.as_ref().map_or(0, |h| h.num_tokens);
+        debug_assert!(
+            computed < num_tokens,
+            "a prefix hit never covers the last token"
+        );
+        let n = (num_tokens - computed).min(max_new);
+        if kv
+            .allocate(
+                seq,
+                hit.as_ref(),
+                computed as usize,
+                n as usize,
+                num_tokens as usize,
+            )
+            .is_ok()
+        {
+            return Ok((computed, n));
+        }
+        hit = match hit {
+            None => return Err(NoSpace),
+            Some(h) => {
+                let shared = h.num_shared_tokens(block_size);
+                if shared > 0 && shared < h.num_tokens {
+                    // The largest hit every group can serve within the full blocks.
+                    kv.lookup(seq, shared as usize + 1)
+                        .filter(|t| t.num_tokens < h.num_tokens)
+                } else {
+                    None
+                }
+            }
+        };
     }
 }

@@ -64,25 +64,27 @@ impl BlockTables {
         self.nulls[k] = table.iter().take_while(|&&b| b == NULL_BLOCK).count() as u32;
     }
 
-    /// Brings row `row` of group `g` up to date with a running request's `table`; true when it
-    /// changed.
-    pub fn sync_row(&mut self, row: u32, g: usize, table: &[BlockId]) -> bool {
+    /// Brings row `row` of group `g` up to date with a running request's `table`, whose first
+    /// `nulls` entries are [`NULL_BLOCK`] and the rest real blocks (the request's own count, so an
+    /// unchanged row is detected without reading the table); true when it changed.
+    pub fn sync_row(&mut self, row: u32, g: usize, table: &[BlockId], nulls: usize) -> bool {
         let k = row as usize * self.num_groups + g;
         let old_len = self.len[k] as usize;
         let old_nulls = self.nulls[k] as usize;
-        let mut nulls = old_nulls;
-        while nulls < table.len() && table[nulls] == NULL_BLOCK {
-            nulls += 1;
-        }
         if table.len() == old_len && nulls == old_nulls {
             return false;
         }
+        debug_assert!(
+            table[..nulls].iter().all(|&b| b == NULL_BLOCK)
+                && !table[nulls..].contains(&NULL_BLOCK),
+            "sync_row: {nulls} leading nulls expected in {table:?}"
+        );
         assert!(
             table.len() <= self.max_blocks,
             "block table longer than max_blocks_per_seq"
         );
         assert!(
-            table.len() >= old_len,
+            table.len() >= old_len && nulls >= old_nulls,
             "a running request's block table never shrinks"
         );
         let base = row as usize * self.max_blocks;
@@ -120,9 +122,9 @@ mod tests {
         let mut t = BlockTables::new(1, 2, 4);
         t.write_row(1, 0, &[5, 6]);
         assert_eq!(&t.group(0)[4..8], &[5, 6, 0, 0]);
-        assert!(!t.sync_row(1, 0, &[5, 6]));
-        assert!(t.sync_row(1, 0, &[5, 6, 7]));
-        assert!(t.sync_row(1, 0, &[0, 6, 7]));
+        assert!(!t.sync_row(1, 0, &[5, 6], 0));
+        assert!(t.sync_row(1, 0, &[5, 6, 7], 0));
+        assert!(t.sync_row(1, 0, &[0, 6, 7], 1));
         assert_eq!(&t.group(0)[4..8], &[0, 6, 7, 0]);
         assert!(t.check_row(1, 0, &[0, 6, 7]).is_ok());
         // A new holder of the row with a shorter table leaves no stale entries.

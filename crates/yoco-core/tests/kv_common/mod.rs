@@ -2,6 +2,8 @@
 //! admission / execution / free the way the scheduler does.
 #![allow(dead_code)]
 
+pub mod fuzz;
+
 use yoco_core::kv::*;
 
 /// One full-attention group.

@@ -3,7 +3,7 @@
 
 use yoco_core::kv::{HashExtras, KvConfig, LayerKind};
 use yoco_core::sched::{NewRequest, Policy, SchedulerConfig, StepPlan};
-use yoco_ref::driver::{run_oracle, DriverOptions, RunReport};
+use yoco_ref::driver::RunReport;
 use yoco_ref::workload::{Arrival, Workload};
 
 /// `YOCO_REF_<NAME>` overrides a workload count (e.g. `YOCO_REF_ORACLE_WORKLOADS=100000`).
@@ -142,7 +142,8 @@ pub fn every(m: impl FnMut(&mut StepPlan) -> bool) -> impl FnMut(&mut StepPlan) 
     m
 }
 
-/// The scheduler bug `scheduler_findings::prefix_hit_whose_copy_cannot_fit_still_admits` pins: a
+/// The stall `scheduler_findings::prefix_hit_whose_copy_cannot_fit_still_admits` pins (fixed: admission
+/// trims an unfittable hit): a
 /// 3-block pool, A computes 40 tokens and finishes; B shares 36 of them, a hit of 2 full blocks and
 /// one sub-block whose copy would need a 4th block. B alone fits (3 blocks) without the hit.
 pub fn unfittable_hit_workload() -> Workload {
@@ -195,15 +196,4 @@ pub fn unfittable_hit_workload() -> Workload {
         follow_up_chance: 0.0,
         max_follow_ups: 0,
     }
-}
-
-/// Splits random-workload failures into ones to report and ones explained by the known,
-/// still-unfixed admission stall (a prefix hit whose copy cannot fit blocks admission on an empty
-/// pool). Self-expiring: once the scheduler admits `unfittable_hit_workload`, every stall counts.
-pub fn split_known_failures(failures: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let bug_present =
-        run_oracle(&unfittable_hit_workload(), &DriverOptions::default(), None).is_err();
-    failures
-        .into_iter()
-        .partition(|f| !(bug_present && f.contains("admission stalls with nothing running")))
 }

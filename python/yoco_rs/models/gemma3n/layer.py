@@ -50,8 +50,14 @@ class RMSNorm(nn.Module):
 
 
 FUSE_MAX_ROWS = 512
-"""Up to this many tokens, q/k/v (and MLP gate/up) run as one GEMM each: fewer torch calls. Above it the
-separate GEMMs win (their outputs are contiguous for the elementwise ops that follow). Same values."""
+"""On the CPU, up to this many tokens, q/k/v (and MLP gate/up) run as one GEMM each: fewer torch calls.
+Above it the separate GEMMs win (their outputs are contiguous for the elementwise ops that follow). Same
+values. Never on other devices: the fused weights are built lazily, which a CUDA graph capture must not
+see."""
+
+
+def _fuse(x: torch.Tensor) -> bool:
+    return x.shape[0] <= FUSE_MAX_ROWS and x.device.type == "cpu"
 
 
 PREDICT_CHUNK = 1024
@@ -107,7 +113,7 @@ class Attention(nn.Module):
         if self.is_shared or not write:
             q = rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
             q = apply_rope(q, cos, sin)
-        elif t > FUSE_MAX_ROWS:
+        elif not _fuse(x):
             q = apply_rope(rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
                            cos, sin)
             self.write_kv(x, cos, sin, ctx)
@@ -143,7 +149,7 @@ class MLP(nn.Module):
         self.register_buffer("topk_multiplier", gaussian_topk_multiplier(sparsity, dtype).to(device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= FUSE_MAX_ROWS:
+        if _fuse(x):
             gate_up = F.linear(x, self._gate_up.get())
             gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate:]
         else:

@@ -1,0 +1,137 @@
+//! A profiling target for the steady-state decode step: the same setup as `sched_decode` (N running
+//! requests, 128-token prompts, block 16, prefilled first), then `--steps` decode steps inside one
+//! `#[inline(never)]` function, so a profiler can count exactly those:
+//!
+//! ```text
+//! cargo bench -p yoco-core --bench sched_profile --no-run   # prints the executable
+//! valgrind --tool=callgrind --toggle-collect='*sched_profile*measured_steps*' \
+//!     EXE --layout gemma3n --n 256 --steps 1024
+//! ```
+//!
+//! Instruction counts (callgrind `Ir`) are deterministic, so before/after comparisons on a shared,
+//! noisy machine are exact ratios. Without a profiler it prints thread CPU µs per step.
+//! Options: `--layout full|gemma3n` (default gemma3n), `--n N` (256), `--steps K` (1024).
+
+#[path = "cpu_time.rs"]
+mod cpu_time;
+
+use yoco_core::kv::LayerKind;
+use yoco_core::sched::{NewRequest, Scheduler, SchedulerConfig};
+
+/// Gemma 3n E2B's 30 layers: 4 sliding (W 512) per full, the last 10 sharing layers 18/19's KV.
+fn gemma3n() -> Vec<LayerKind> {
+    let mut l: Vec<LayerKind> = (0..20)
+        .map(|i| {
+            if i % 5 == 4 {
+                LayerKind::Full
+            } else {
+                LayerKind::Sliding { window: 512 }
+            }
+        })
+        .collect();
+    l.extend((20..30).map(|i| LayerKind::SharesKv {
+        donor: if i % 5 == 4 { 19 } else { 18 },
+    }));
+    l
+}
+
+/// `n` requests with 128-token prompts, prefilled, room for `steps` more decode steps.
+fn decoding(n: u32, steps: u32, layers: Vec<LayerKind>) -> Scheduler {
+    let bs = 16;
+    let len = 128 + steps + 16;
+    let mut c = SchedulerConfig::new(layers, bs, n * len.div_ceil(bs) + 64).unwrap();
+    c.max_num_seqs = n;
+    c.max_model_len = len;
+    let mut s = Scheduler::new(c).unwrap();
+    for i in 0..n {
+        let prompt = (0..128)
+            .map(|t| 16 + (i * 7919 + t * 104_729) % 31_000)
+            .collect();
+        s.add_request(NewRequest {
+            id: i as u64,
+            prompt,
+            max_tokens: len - 128,
+            eos_token_ids: vec![2],
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    while s.plan().max_query_len != 1 {
+        let k = s.schedule().num_samples();
+        s.update(&vec![100; k]).unwrap();
+    }
+    s
+}
+
+/// The measured region: `steps` decode steps (`schedule()` + `update()`).
+#[inline(never)]
+fn measured_steps(s: &mut Scheduler, sampled: &[i32], steps: u32) {
+    for _ in 0..steps {
+        s.schedule();
+        s.update(sampled).unwrap();
+    }
+}
+
+fn main() {
+    let mut layout = "gemma3n".to_string();
+    let (mut n, mut steps) = (256u32, 1024u32);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().expect("option needs a value");
+        match a.as_str() {
+            "--layout" => layout = val(),
+            "--n" => n = val().parse().expect("--n N"),
+            "--steps" => steps = val().parse().expect("--steps K"),
+            "--bench" => {} // cargo bench passes it
+            other => panic!("unknown option {other} (--layout full|gemma3n, --n N, --steps K)"),
+        }
+    }
+    let layers = match layout.as_str() {
+        "full" => vec![LayerKind::Full],
+        "gemma3n" => gemma3n(),
+        other => panic!("--layout {other}: full or gemma3n"),
+    };
+    let mut s = decoding(n, steps, layers.clone());
+    let sampled = vec![100i32; n as usize];
+    let t = cpu_time::thread_ns();
+    measured_steps(&mut s, &sampled, steps);
+    let ns = cpu_time::thread_ns() - t;
+    assert_eq!(
+        s.stats().num_running,
+        n,
+        "no request finished or was preempted"
+    );
+    // The halves, timed separately on a fresh run (two more clock reads per step).
+    let mut s = decoding(n, steps, layers);
+    let (mut sched_ns, mut update_ns) = (0, 0);
+    // By step phase modulo the block size: the lockstep requests all complete a block together.
+    let mut phase = [(0u64, 0u64); 16];
+    for i in 0..steps {
+        let t0 = cpu_time::thread_ns();
+        s.schedule();
+        let t1 = cpu_time::thread_ns();
+        s.update(&sampled).unwrap();
+        let t2 = cpu_time::thread_ns();
+        sched_ns += t1 - t0;
+        update_ns += t2 - t1;
+        phase[i as usize % 16].0 += t1 - t0;
+        phase[i as usize % 16].1 += t2 - t1;
+    }
+    if std::env::var_os("PHASES").is_some() {
+        for (k, (a, b)) in phase.iter().enumerate() {
+            let per = |x: u64| x as f64 / (steps / 16) as f64 / 1e3;
+            println!(
+                "phase {k:2}: schedule {:7.2} update {:7.2}",
+                per(*a),
+                per(*b)
+            );
+        }
+    }
+    let per = |x: u64| x as f64 / steps as f64 / 1e3;
+    println!(
+        "layout {layout}, N {n}, {steps} steps: {:.2} us/step (thread CPU); schedule {:.2} + update {:.2}",
+        per(ns),
+        per(sched_ns),
+        per(update_ns)
+    );
+}
