@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-from conftest import heavy
 from gemma_random import TINY_10L, TINY_E2B_DEPTH, random_executor
 from paged_cases import DEV  # sets TRITON_INTERPRET before the kernels are imported
 from step_plans import MiniPlanner, Req, schedule
@@ -75,9 +74,8 @@ def test_graphed_gemma_with_the_triton_backend():
          budget=(9, 20))
 
 
-@pytest.mark.heavy
 def test_graphed_gemma_at_e2b_depth():
-    _run(TINY_E2B_DEPTH, steps=30 if heavy() else 6, seed=3)
+    _run(TINY_E2B_DEPTH, steps=30, seed=3)
 
 
 @pytest.mark.parametrize("triton", [False, True])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import heavy
 from model_harness import PagedSim, Row, executor_from_hf, hf_reference, max_diff_step
 from tiny import E2B_DEPTH, tiny_hf_model
 
@@ -26,11 +25,6 @@ def hf(request):
 
 def _tokens(seed: int, n: int, vocab: int = 512) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _big(hf) -> bool:
-    """Full-size prompts for tiny-10L always, for the 30-layer model only with YOCO_HEAVY=1."""
-    return len(hf.model.layers) <= 10 or heavy()
 
 
 class Checker:
@@ -59,10 +53,9 @@ class Checker:
         return logits
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
 def test_full_prefill_matches_transformers_at_every_layer(hf, fast):
-    n = 64 if _big(hf) else 40
+    n = 64
     c = Checker(hf, fast)
     c.add("a", _tokens(1, n))
     c.step([Row("a", n, num_cross=n)])  # every position through the cross-decoder: all logits compared
@@ -70,11 +63,10 @@ def test_full_prefill_matches_transformers_at_every_layer(hf, fast):
     c.step([Row("b", n, num_cross=1)])  # the usual case: only the last token's logits
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
 def test_chunked_prefill_across_the_sliding_window_matches_transformers(hf, fast):
     # window 16, block 8: chunks start mid-block and each one sees keys leave the window
-    chunks = [20, 13, 17, 30] if _big(hf) else [11, 13, 9]
+    chunks = [20, 13, 17, 30]  # chunk boundaries cross the 16-token sliding window
     c = Checker(hf, fast)
     c.add("a", _tokens(3, sum(chunks)))
     for i, n in enumerate(chunks):
@@ -82,10 +74,9 @@ def test_chunked_prefill_across_the_sliding_window_matches_transformers(hf, fast
         c.step([Row("a", n, num_cross=1 if last else 2)])  # middle chunks: a couple of rows anyway
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
 def test_incremental_decode_matches_transformers(hf, fast):
-    prompt, new = (100, 28) if _big(hf) else (12, 10)
+    prompt, new = 100, 28
     c = Checker(hf, fast)
     c.add("a", _tokens(4, prompt + new))
     c.step([Row("a", prompt, num_cross=1)])
@@ -93,11 +84,10 @@ def test_incremental_decode_matches_transformers(hf, fast):
         c.step([Row("a", 1, num_cross=1)])
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("block_size", [8, 4])
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
 def test_mixed_batch_of_requests_at_different_stages_matches_transformers(hf, fast, block_size):
-    scale = 2 if _big(hf) else 1
+    scale = 2
     c = Checker(hf, fast, block_size=block_size, num_blocks=400)
     c.add("dec", _tokens(5, 30 * scale))
     c.add("mid", _tokens(6, 40 * scale))
