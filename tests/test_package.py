@@ -61,3 +61,14 @@ def test_executor_imports_without_the_compiled_core(tmp_path):
             "import sys; assert 'yoco_rs._core' not in sys.modules; "
             f"assert yoco_rs.__file__.startswith({str(tmp_path)!r}), yoco_rs.__file__")
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env={"PYTHONPATH": str(tmp_path)})
+
+
+def test_the_core_is_reachable_as_an_attribute_of_a_fresh_import():
+    # The README's check: `import yoco_rs; yoco_rs._core.__version__` in a new interpreter (the
+    # package imports its names lazily, so `_core` must resolve on first attribute access too).
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import yoco_rs; print(yoco_rs._core.__version__)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == _core.__version__

@@ -50,10 +50,10 @@ if TYPE_CHECKING:  # static tools see the real names
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from yoco_rs import _core
+    if name in ("__version__", "_core"):
+        from yoco_rs import _core  # binds yoco_rs._core as a submodule
 
-        return _core.__version__
+        return _core if name == "_core" else _core.__version__
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'yoco_rs' has no attribute {name!r}")
