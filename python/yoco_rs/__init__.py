@@ -51,9 +51,10 @@ if TYPE_CHECKING:  # static tools see the real names
 
 def __getattr__(name: str) -> Any:
     if name in ("__version__", "_core"):
-        from yoco_rs import _core  # binds yoco_rs._core as a submodule
-
-        return _core if name == "_core" else _core.__version__
+        # import_module, not `from yoco_rs import _core`: that form looks the name up on this
+        # module first and would re-enter this function.
+        core = importlib.import_module("yoco_rs._core")
+        return core if name == "_core" else core.__version__
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'yoco_rs' has no attribute {name!r}")
