@@ -1,46 +1,32 @@
 # Two commands (README): `make serve` and `make test`. Both set everything up, idempotently.
 #
-# Where things live, so a fresh clone on the same machine is fast on its second run:
-#   $(YOCO_HOME)/deps-<hash>   third-party Python deps (torch, transformers, ...), keyed by pyproject's
-#                              dependency lists; shared by every checkout on this machine
-#   $(YOCO_HOME)/target        the cargo target directory (override with CARGO_TARGET_DIR)
-#   .venv                      this checkout's venv: sees the deps and this checkout's python/ through
-#                              .pth files; `_core` is built in place (python/yoco_rs/_core*.so)
+# The environment is locked: `uv.lock` pins every Python package (torch, transformers, ...) and
+# `Cargo.lock` every crate. `uv sync --locked` makes `.venv` from the lock (installing from uv's global
+# download cache, so a second clone's setup takes seconds) and builds this project into it as an
+# editable maturin install (`_core` is rebuilt when a Rust source changes: pyproject's cache-keys).
+# Refresh the lock with `make lock` (then run `make test` and commit uv.lock).
+#
+# uv itself is bootstrapped with pip at a pinned version into .uv/ when it is not on PATH.
 
 SHELL := /bin/bash
 PYTHON ?= python3
-YOCO_HOME ?= $(HOME)/.cache/yoco-rs
-export CARGO_TARGET_DIR ?= $(YOCO_HOME)/target
+UV_VERSION := 0.13.9
+UV ?= $(shell command -v uv 2>/dev/null || echo .uv/bin/uv)
 VENV := .venv
 VPY := $(VENV)/bin/python
-DEPS_KEY := $(shell $(PYTHON) scripts/deps.py key)
-DEPS := $(YOCO_HOME)/deps-$(DEPS_KEY)
-RUST_SRC := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-rust test-python bench clean
+.PHONY: setup serve test test-rust test-python bench lock clean
 
-setup: $(VENV)/.built
+setup: $(UV)
+	$(UV) sync --locked
 
-# Third-party deps: installed once per dependency set (the first time takes a few minutes: torch).
-$(DEPS)/.ok:
-	@echo ">> installing Python dependencies into $(DEPS) (first time only)"
-	rm -rf $(DEPS) && $(PYTHON) -m venv $(DEPS)
-	$(DEPS)/bin/python -m pip install -q --upgrade pip
-	$(DEPS)/bin/python -m pip install -q $$($(PYTHON) scripts/deps.py list)
-	touch $@
-
-$(VENV)/.linked: $(DEPS)/.ok
-	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
-	$(VPY) scripts/deps.py link $(DEPS)
-	touch $@
-
-# The extension module, rebuilt when Rust sources change.
-$(VENV)/.built: $(VENV)/.linked $(RUST_SRC)
-	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VPY) scripts/deps.py maturin develop --release --quiet --skip-install
-	touch $@
+.uv/bin/uv:
+	@echo ">> bootstrapping uv $(UV_VERSION) into .uv/ (uv is not on PATH)"
+	$(PYTHON) -m pip install -q --disable-pip-version-check --target .uv "uv==$(UV_VERSION)"
+	test -x $@
 
 serve: setup
 	$(VENV)/bin/yoco-serve --host $(HOST) --port $(PORT)
@@ -48,7 +34,7 @@ serve: setup
 test: setup test-rust test-python
 
 test-rust:
-	cargo test --workspace --exclude yoco-py --profile ci
+	cargo test --locked --workspace --exclude yoco-py --profile ci
 
 test-python: setup
 	$(VPY) -m pytest $(PYTEST_ARGS)
@@ -56,5 +42,9 @@ test-python: setup
 bench: setup
 	$(MAKE) -C benches all VPY=$(abspath $(VPY))
 
+# Re-resolve every Python dependency to the newest versions pyproject allows.
+lock: $(UV)
+	$(UV) lock --upgrade
+
 clean:
-	rm -rf $(VENV) python/yoco_rs/_core*.so
+	rm -rf $(VENV) .uv python/yoco_rs/_core*.so
