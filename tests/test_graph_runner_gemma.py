@@ -74,6 +74,7 @@ def test_graphed_gemma_with_the_triton_backend():
          budget=(9, 20))
 
 
+@pytest.mark.locked_rounding  # 1e-4 was chosen from what the locked build gives at 30 layers
 def test_graphed_gemma_at_e2b_depth():
     _run(TINY_E2B_DEPTH, steps=30, seed=3)
 

@@ -2,8 +2,9 @@
 
 Every scenario runs through ``Executor.execute`` on hand-built paged batches (``model_harness.PagedSim``:
 shuffled, non-contiguous block ids) and compares each layer's AltUp state and the logits with a
-whole-sequence transformers forward, at max abs difference <= 1e-5 (observed: 0.0, since the CPU
-reference keeps every GEMM at >= 4 rows; see ``attention_torch``). Fast prefill on and off.
+whole-sequence transformers forward, at max abs difference <= 1e-5 under the locked torch build (observed:
+0.0, since the CPU reference keeps every GEMM at >= 4 rows; see ``attention_torch``), and within a float32
+re-association bound when torch drifts from ``uv.lock`` (``numerics.hf_tol``); greedy tokens always equal. Fast prefill on and off.
 The 30-layer model runs shorter prompts by default; YOCO_HEAVY=1 gives it the tiny-10L sizes.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 from model_harness import PagedSim, Row, executor_from_hf, hf_reference, max_diff_step
+from numerics import assert_same_greedy, hf_tol
 from tiny import E2B_DEPTH, tiny_hf_model
 
-TOL = 1e-5
 CONFIGS = {"tiny10": {}, "e2b30": E2B_DEPTH}
 
 
@@ -35,6 +36,8 @@ class Checker:
         self.sim = PagedSim(self.ex, block_size, num_blocks, seed=7)
         self.refs = {}
         self.steps = 0
+        cfg = hf.config
+        self.tol = hf_tol(cfg.num_hidden_layers, cfg.hidden_size)
 
     def add(self, rid: str, tokens: list[int]) -> None:
         self.sim.add(rid, tokens)
@@ -47,8 +50,10 @@ class Checker:
         assert logits.shape == (len(cross_info), self.hf.config.vocab_size) and logits.dtype == torch.float32
         assert len(hidden) == self.hf.config.num_hidden_layers
         hd, ld = max_diff_step(self.refs, logits, hidden, tok_info, cross_info, self.ex.args.first_shared, self.fast)
-        assert hd <= TOL, f"step {self.steps}: per-layer hidden states differ by {hd}"
-        assert ld <= TOL, f"step {self.steps}: logits differ by {ld}"
+        assert hd <= self.tol, f"step {self.steps}: per-layer hidden states differ by {hd}"
+        assert ld <= self.tol, f"step {self.steps}: logits differ by {ld}"
+        want = torch.stack([self.refs[rid].logits[p] for rid, p in cross_info])
+        assert_same_greedy(logits, want, self.tol)
         self.steps += 1
         return logits
 

@@ -28,6 +28,12 @@ def test_models_lists_served_names_with_context_length(client):
     assert models.data[0].model_extra["max_model_len"] == 256
 
 
+def test_model_cards_do_not_expose_host_paths(srv):
+    cards = httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"]
+    assert [c["root"] for c in cards] == ["yoco-tiny", "tiny-alias"]
+    assert not any("/" in str(v) for c in cards for v in c.values()), cards
+
+
 def test_completion_usage_is_exact(srv, client):
     prompt = "The quick brown fox jumps over the lazy dog"
     r = client.completions.create(model="yoco-tiny", prompt=prompt, max_tokens=7, temperature=0,

@@ -1,5 +1,9 @@
 """What keeps the CPU reference attention batch-invariant: measured properties of CPU BLAS and softmax.
 
+These are properties of one torch build (the one ``uv.lock`` pins), not guarantees of torch: what is
+exact by construction and what only under that build is written down in ``docs/DESIGN.md`` ("Numerics"),
+and ``tests/test_00_environment.py`` says so first when the installed build differs.
+
 A token's numbers must not depend on what else is in the batch, so that greedy output is the same across
 batch compositions, chunkings and fast prefill on/off, and equal to a whole-sequence forward (the
 equivalence matrix and the transformers comparisons rely on it). Measured on MKL, AVX-512, float32

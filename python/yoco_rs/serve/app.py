@@ -145,10 +145,11 @@ async def _respond(aw: Awaitable):
 
 
 def _model_card(state: ServerState, name: str) -> dict:
+    """One ``/v1/models`` entry. ``root`` is the served name, never the checkpoint's path: a client has no
+    business learning the server's file system layout (vLLM puts the path there)."""
     card = {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "yoco-rs",
             "root": name, "parent": None, "permission": []}
     try:
-        card["root"] = state.engine.config.model or name
         card["max_model_len"] = int(state.engine.max_model_len)
     except Exception:
         pass

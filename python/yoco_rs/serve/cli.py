@@ -68,7 +68,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     server: Optional[_Server] = None
 
     def on_ready(state: ServerState) -> None:
-        _say(ready_line(state, server.url() if server else f"http://{args.host}:{args.port}"))
+        # The engine can finish loading before uvicorn has bound its socket (lifespan startup runs
+        # first): the ready line waits for the bind, so that `--port 0` prints the real port.
+        async def say_when_bound() -> None:
+            while server is not None and not server.started and not server.should_exit:
+                await asyncio.sleep(0.01)
+            _say(ready_line(state, server.url() if server else f"http://{args.host}:{args.port}"))
+
+        asyncio.ensure_future(say_when_bound())
 
     def on_fatal(err: BaseException) -> None:
         cause = err.__cause__ or err
