@@ -5,7 +5,7 @@ equal the server's (``yoco:prompt_tokens_total`` / ``yoco:generation_tokens_tota
     benches/serve_guidellm.sh                      # all four configs, concurrency 1, 4, 16
     .venv/bin/python benches/serve_guidellm.py --levels 1,4 --requests 16 --configs fp+pc
 
-Needs ``guidellm`` importable (``~/.cache/yoco-rs/venv/bin/python -m pip install guidellm==0.8.1``). Runs
+Needs ``make setup`` (guidellm 0.8.1 is in the locked dev dependencies). Runs
 offline: the tokenizer is the bundled model's directory. Prints a Markdown table (for RESULTS.md).
 """
 
