@@ -94,14 +94,27 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
 
 
 def _budgeted_filter(f):
-    def run(*args, **kwargs):
-        b = _check()
-        _check_args(args[2:] if getattr(f, "jinja_pass_arg", None) else args[1:], kwargs, b)  # not the value
-        return _check_size(f(*args, **kwargs), b, "value")
+    """``f`` with the budget checked on its arguments and result. It takes the context, which also keeps
+    jinja from running it at compile time (constant folding, where no budget applies)."""
+    from jinja2.utils import _PassArg
 
-    for attr in ("jinja_pass_arg", "__name__"):
-        if hasattr(f, attr):
-            setattr(run, attr, getattr(f, attr))
+    wants = _PassArg.from_obj(f)
+
+    def run(context, *args, **kwargs):
+        b = _check()
+        _check_args(args[1:], kwargs, b)  # not the value itself
+        if wants is _PassArg.context:
+            out = f(context, *args, **kwargs)
+        elif wants is _PassArg.eval_context:
+            out = f(context.eval_ctx, *args, **kwargs)
+        elif wants is _PassArg.environment:
+            out = f(context.environment, *args, **kwargs)
+        else:
+            out = f(*args, **kwargs)
+        return _check_size(out, b, "value")
+
+    run.jinja_pass_arg = _PassArg.context
+    run.__name__ = getattr(f, "__name__", "filter")
     return run
 
 
