@@ -207,12 +207,19 @@ fn an_unfinished_byte_sequence_is_held_back_and_never_emitted_streamed_or_not() 
     b.add(7, &[], opts(&[], true)).unwrap();
     b.add(8, &[], opts(&[], false)).unwrap();
     let mid = b
-        .step(&[7, 7, 8, 8], &[ids[0] as i32, ids[1] as i32, ids[0] as i32, ids[1] as i32], &[0, 0, 0, 0])
+        .step(
+            &[7, 7, 8, 8],
+            &[ids[0] as i32, ids[1] as i32, ids[0] as i32, ids[1] as i32],
+            &[0, 0, 0, 0],
+        )
         .unwrap()
         .clone();
     let head = tok.decode(&ids[..1], true).unwrap();
     assert_eq!(mid.deltas.concat(), head);
-    let end = b.step(&[7, 8], &[ids[2] as i32, ids[2] as i32], &[3, 3]).unwrap().clone();
+    let end = b
+        .step(&[7, 8], &[ids[2] as i32, ids[2] as i32], &[3, 3])
+        .unwrap()
+        .clone();
     assert!(end.deltas.is_empty(), "{:?}", end.deltas);
     assert_eq!(b.take(7).unwrap().0, head);
     assert_eq!(b.take(8).unwrap().0, head);
