@@ -79,6 +79,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     server: Optional[_Server] = None
 
     def on_ready(state: ServerState) -> None:
+        if server is not None and not server.started and not server.should_exit:
+            # The model loaded before uvicorn bound its socket: the line must carry the real port.
+            asyncio.get_running_loop().call_later(0.02, on_ready, state)
+            return
         _say(ready_line(state, server.url() if server else f"http://{args.host}:{args.port}"))
 
     def on_fatal(err: BaseException) -> None:
