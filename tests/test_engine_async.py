@@ -136,9 +136,11 @@ def test_a_failed_load_makes_the_engine_dead_with_the_cause():
     arun(main())
 
 
-def test_a_step_failure_kills_the_engine_and_fails_streams():
+def test_with_k_1_a_step_failure_kills_the_engine_and_fails_streams():
+    # One failing step alone is contained (tests/test_engine_containment.py); with
+    # max_consecutive_step_failures=1 it is fatal.
     async def main():
-        eng = await AsyncEngine.create(**SETTINGS)
+        eng = await AsyncEngine.create(max_consecutive_step_failures=1, **SETTINGS)
 
         def boom(*a, **k):
             raise RuntimeError("device lost")

@@ -33,6 +33,7 @@ _EXPORTS = {
     "TokensPrompt": "yoco_rs.inputs",
     "EngineDeadError": "yoco_rs.errors",
     "EngineClosedError": "yoco_rs.errors",
+    "RequestFailedError": "yoco_rs.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # static tools see the real names
     from yoco_rs.async_engine import AsyncEngine, RequestStream
     from yoco_rs.config import EngineConfig
     from yoco_rs.engine import Engine
-    from yoco_rs.errors import EngineClosedError, EngineDeadError
+    from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
     from yoco_rs.inputs import PromptType, TextPrompt, TokensPrompt
     from yoco_rs.metrics import EngineMetrics, HistogramSnapshot
     from yoco_rs.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput

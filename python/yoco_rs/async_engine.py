@@ -6,6 +6,13 @@ then hands commands (add, abort) to the loop thread through a queue and awaits p
 queues that the loop thread fills with one ``call_soon_threadsafe`` per step. The asyncio loop never
 waits on a forward pass. Model loading happens in that thread too: ``is_ready`` turns True when it is
 done, ``wait_ready()`` raises the loading error if it failed.
+
+Failures are contained: a step that raises (the executor, the sampler, an allocation) aborts only the
+requests it ran, whose streams raise ``RequestFailedError`` naming the cause; the loop goes on. Only
+``max_consecutive_step_failures`` failing steps in a row declare the engine dead (``EngineDeadError``
+for every pending caller, queued ones included, so nobody waits forever). The engine holds its streams
+weakly: a stream its consumer dropped without closing it is collected, and its finalizer aborts the
+request.
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ import os
 import queue
 import threading
 import time
+import weakref
 from typing import AsyncIterator, Optional, Sequence, Union
 
 from yoco_rs.config import EngineConfig
-from yoco_rs.errors import EngineClosedError, EngineDeadError
+from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
 from yoco_rs.inputs import PromptType
 from yoco_rs.metrics import EngineMetrics, MetricsRecorder
 from yoco_rs.outputs import RequestOutput
@@ -30,6 +38,10 @@ from yoco_rs.tokenizer import Tokenizer
 
 log = logging.getLogger("yoco_rs.engine")
 _DONE = object()
+
+#: Failing steps in a row after which the engine is declared dead (the server then exits, so an
+#: orchestrator restarts it). One failure only aborts the failing step's requests.
+DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES = 3
 
 
 class RequestStream:
@@ -92,9 +104,16 @@ class AsyncEngine:
     """
 
     def __init__(self, model: Union[str, os.PathLike, None] = None, *, config: Optional[EngineConfig] = None,
-                 progress: bool = False, **settings) -> None:
+                 progress: bool = False,
+                 max_consecutive_step_failures: int = DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES,
+                 **settings) -> None:
         """Validates the settings now (``ValueError``/``TypeError``), loads the tokenizer, and starts
-        loading the model in the loop thread."""
+        loading the model in the loop thread. ``max_consecutive_step_failures``: failing steps in a
+        row that kill the engine (each failure alone only fails that step's requests)."""
+        if not isinstance(max_consecutive_step_failures, int) or max_consecutive_step_failures < 1:
+            raise ValueError(f"max_consecutive_step_failures must be an integer >= 1, got "
+                             f"{max_consecutive_step_failures!r}")
+        self.max_consecutive_step_failures = max_consecutive_step_failures
         if config is not None and (model is not None or settings):
             raise TypeError("pass either config=EngineConfig(...) or model/settings, not both")
         cfg = config if config is not None else EngineConfig.from_kwargs(
@@ -104,7 +123,8 @@ class AsyncEngine:
         self._tokenizer = Tokenizer(os.path.expanduser(cfg.tokenizer) if cfg.tokenizer else model_dir)
         self._engine = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, RequestStream] = {}
+        # Weak: a stream dropped by its consumer is collected and aborts its request (``__del__``).
+        self._streams: "weakref.WeakValueDictionary[str, RequestStream]" = weakref.WeakValueDictionary()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ready = threading.Event()
         self._dead: Optional[BaseException] = None
@@ -136,6 +156,7 @@ class AsyncEngine:
             return
         self._ready.set()
         eng = self._engine
+        failures = 0
         try:
             while True:
                 idle = not eng.has_unfinished_requests()
@@ -143,7 +164,16 @@ class AsyncEngine:
                     break
                 self._drain_commands(block=idle)
                 if eng.has_unfinished_requests():
-                    outs = eng.step()
+                    try:
+                        outs = eng.step()
+                    except Exception as e:
+                        failures += 1
+                        if failures >= self.max_consecutive_step_failures:
+                            raise
+                        self._contain(e, failures)
+                        continue
+                    if eng._last_plan_rows:
+                        failures = 0
                     if outs:
                         self._deliver(outs)
         except BaseException as e:  # the engine is dead: fail every request, keep the cause
@@ -156,6 +186,29 @@ class AsyncEngine:
             except Exception:
                 pass
             self._stopped.set()
+            self._fail_queued(self._dead_or_closed())  # adds that raced the end
+
+    def _contain(self, e: Exception, failures: int) -> None:
+        """One failed step: its requests were aborted by ``Engine.step``; fail their streams with the
+        cause and keep serving."""
+        failed = list(self._engine.last_failed_request_ids)
+        log.error("engine step failed (%d in a row; %d kill the engine); aborted its requests %s: %s: %s",
+                  failures, self.max_consecutive_step_failures, failed, type(e).__name__, e)
+        if _is_oom(e):
+            _release_cached_memory()
+        err = RequestFailedError(f"the engine step running this request failed: {type(e).__name__}: {e}")
+        err.__cause__ = e
+
+        def push():
+            for rid in failed:
+                s = self._streams.pop(rid, None)
+                if s is not None:
+                    s._put(err)
+
+        try:
+            self._loop.call_soon_threadsafe(push)
+        except RuntimeError:  # the event loop is closed
+            pass
 
     def _drain_commands(self, block: bool) -> None:
         """Apply queued commands (waiting for one when ``block``, until stopping)."""
@@ -202,8 +255,10 @@ class AsyncEngine:
         self._loop.call_soon_threadsafe(push)
 
     def _fail_all(self, e: BaseException) -> None:
+        """The engine died: every stream and every queued ``add_request`` gets ``EngineDeadError``."""
         err = EngineDeadError(f"the engine loop died: {type(e).__name__}: {e}")
         err.__cause__ = e
+        self._fail_queued(err)
 
         def push():
             for s in list(self._streams.values()):
@@ -215,6 +270,19 @@ class AsyncEngine:
                 self._loop.call_soon_threadsafe(push)
             except RuntimeError:  # the event loop is closed
                 pass
+
+    def _fail_queued(self, err: BaseException) -> None:
+        """Resolve the futures of commands the loop will never read (it died or stopped)."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                try:
+                    self._resolve(cmd[-1], err)
+                except RuntimeError:  # the event loop is closed
+                    pass
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -243,6 +311,13 @@ class AsyncEngine:
         if not ok:
             raise TimeoutError(f"the engine was not ready within {timeout} s")
         self._check_alive()
+
+    def _dead_or_closed(self) -> BaseException:
+        if self._dead is not None:
+            err = EngineDeadError(f"the engine is dead: {type(self._dead).__name__}: {self._dead}")
+            err.__cause__ = self._dead
+            return err
+        return EngineClosedError("the engine is shutting down and accepts no new requests")
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -307,6 +382,8 @@ class AsyncEngine:
         self._streams[rid] = stream
         fut = self._loop.create_future()
         self._commands.put(("add", rid, proc, params, priority, arrival, fut))
+        if self._stopped.is_set():  # the loop ended meanwhile: it will not read the command
+            self._fail_queued(self._dead_or_closed())
         try:
             await fut
         except BaseException:
@@ -384,6 +461,11 @@ class AsyncEngine:
         return self._loaded().kv_capacity_tokens
 
     @property
+    def memory_split(self) -> str:
+        """How device memory was split (weights / step / KV) (available once ready)."""
+        return getattr(self._loaded(), "memory_split", "")
+
+    @property
     def vocab_size(self) -> int:
         """The model's vocabulary: token ids in ``[0, vocab_size)`` are valid prompt tokens."""
         return self._loaded().vocab_size
@@ -418,4 +500,18 @@ class AsyncEngine:
         return len(self._streams)
 
 
-__all__ = ["AsyncEngine", "RequestStream"]
+def _is_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e).lower()
+
+
+def _release_cached_memory() -> None:
+    """After an allocation failure: give the allocator's cached blocks back so the next step can fit."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+__all__ = ["AsyncEngine", "RequestStream", "DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES"]

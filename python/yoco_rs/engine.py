@@ -59,6 +59,8 @@ class Engine:
         self.model_name: str = rt.model_name
         self.max_model_len: int = rt.config.max_model_len
         self.kv_capacity_tokens: int = rt.kv_capacity_tokens
+        self.memory_split: str = rt.memory_split
+        """How device memory was split (weights / step / KV), as the startup line prints it."""
         self.vocab_size: int = rt.vocab_size
         """Token ids in ``[0, vocab_size)`` are valid prompt tokens."""
         self._sched = rt.scheduler
@@ -84,6 +86,8 @@ class Engine:
         self._core_stats: dict = self._sched.stats()
         self._closed = False
         self._last_plan_rows = 0
+        self.last_failed_request_ids: list[str] = []
+        """The requests the last failed ``step()`` aborted (``AsyncEngine`` fails their streams)."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -355,6 +359,7 @@ class Engine:
             self._sched.update(np.zeros(int(plan.num_samples), dtype=np.int32))
         self._pending_outputs = outputs + [req.output() for req in failed.values()] + self._pending_outputs
         self._core_stats = self._sched.stats()
+        self.last_failed_request_ids = list(failed)
         names = ", ".join(map(repr, failed)) or "none"
         try:
             err.add_note(f"yoco_rs: this engine step failed; the requests it ran were aborted "

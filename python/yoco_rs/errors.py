@@ -14,4 +14,10 @@ class EngineClosedError(RuntimeError):
     """The engine is shutting down (or was shut down) and accepts no new requests."""
 
 
-__all__ = ["EngineDeadError", "EngineClosedError"]
+class RequestFailedError(RuntimeError):
+    """The engine step running this request failed (the executor raised, an allocation failed): the
+    request was aborted, the engine keeps serving the others. ``__cause__`` holds the step's error; a
+    server answers 500 naming it."""
+
+
+__all__ = ["EngineDeadError", "EngineClosedError", "RequestFailedError"]

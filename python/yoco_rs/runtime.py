@@ -42,6 +42,8 @@ class Runtime:
     vocab_size: int
     num_blocks: list[int]
     kv_capacity_tokens: int
+    memory_split: str = ""
+    """How device memory was split (weights / step / KV), for the server's startup line."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -73,6 +75,18 @@ def resolve_model_dir(model: str | None) -> tuple[str, str]:
     return path, os.path.basename(os.path.normpath(path))
 
 
+def plan_kv_pool(executor, block_size: int, budget_bytes: int, step=None, **kw):
+    """The KV pool that fits ``budget_bytes`` once ``step`` (a ``StepMemory`` from the profiling pass)
+    is left free for the step's activations, sampler and graphs."""
+    reserve = step.total if step is not None else 0
+    left = int(budget_bytes) - reserve
+    if left <= 0:
+        raise ValueError(f"no memory left for the KV cache: the budget is {budget_bytes / 2**30:.2f} GiB and the "
+                         f"largest step needs {reserve / 2**30:.2f} GiB ({step.describe()}); lower "
+                         "max_num_batched_tokens / max_num_seqs or raise the memory budget")
+    return executor.plan_kv(block_size, left, **kw)
+
+
 def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     """Load the checkpoint, size the KV pool, and wire the executor, scheduler, sampler and detokenizer
     together (what ``Engine`` does at construction)."""
@@ -101,6 +115,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     mnbt = cfg.max_num_batched_tokens or (8192 if cuda else 2048)
 
     # ---- KV pool ------------------------------------------------------------------------------------
+    memory_split = ""
     if cfg.num_gpu_blocks_override is not None:
         specs = executor.kv_group_specs()
         num_blocks = [cfg.num_gpu_blocks_override + 1] * len(specs)
@@ -110,13 +125,28 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
         mem = cfg.kv_cache_memory
         if mem is None:
             mem = 0.9 if cuda else CPU_KV_BYTES
-        if isinstance(mem, float):
-            budget = None if cuda else int(mem * _physical_memory())
-            plan = executor.plan_kv(block_size, budget, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-                                    gpu_memory_utilization=mem)
+        if isinstance(mem, float) and cuda:
+            # A fraction of the GPU: profile the largest step first and leave it room (vLLM's profile run).
+            from yoco_rs.executor.kv_cache import kv_memory_budget
+            from yoco_rs.executor.memory_profile import profile_step_memory
+
+            step = profile_step_memory(executor, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs,
+                                       block_size=block_size, max_logprobs=cfg.max_logprobs,
+                                       graphs=not cfg.enforce_eager, max_cross_rows=max_num_seqs)
+            budget = kv_memory_budget(device, gpu_memory_utilization=mem)
+            plan = plan_kv_pool(executor, block_size, budget, step, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=mnbt)
+            weights = torch.cuda.memory_allocated(device)
+            memory_split = (f"weights {weights / 2**30:.2f} GiB | {step.describe()} | "
+                            f"KV {plan.total_bytes / 2**30:.2f} GiB")
+        elif isinstance(mem, float):
+            plan = executor.plan_kv(block_size, int(mem * _physical_memory()), max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=mnbt)
         else:
             plan = executor.plan_kv(block_size, int(mem), max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt)
         num_blocks, capacity = list(plan.num_blocks), plan.max_tokens
+        if not memory_split:
+            memory_split = f"KV {plan.total_bytes / 2**20:,.0f} MiB (--kv-cache-memory)"
 
     model_max = int(args.max_position_embeddings)
     if cfg.max_model_len is None:
@@ -159,7 +189,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
     return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
-                   num_blocks, capacity)
+                   num_blocks, capacity, memory_split)
 
 
-__all__ = ["Runtime", "build_runtime", "resolve_device", "resolve_model_dir"]
+__all__ = ["Runtime", "build_runtime", "plan_kv_pool", "resolve_device", "resolve_model_dir"]

@@ -120,10 +120,14 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = False,
         chat_template: Optional[str] = None,
+        budget: Optional["TemplateBudget"] = None,
         **kwargs,
     ) -> str | list[int]:
         """Render a conversation with the checkpoint's (or the given) Jinja chat template, as HF does:
-        ``messages`` is a list of ``{"role", "content"}``; extra keyword arguments reach the template."""
+        ``messages`` is a list of ``{"role", "content"}``; extra keyword arguments reach the template.
+        ``budget`` bounds the rendering's time and size (``TemplateBudgetExceeded``, a ValueError)."""
+        from yoco_rs.template_budget import render
+
         template = chat_template or self.chat_template
         if template is None:
             raise ValueError(f"the tokenizer in {self.path!r} has no chat_template; pass chat_template=...")
@@ -132,7 +136,8 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if "role" not in m:
                 raise ValueError(f"messages[{i}] has no 'role'")
-        text = _compile(template).render(
+        text = render(
+            _compile(template), budget,
             messages=list(messages),
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
@@ -147,20 +152,24 @@ class Tokenizer:
 
 
 _TEMPLATES: dict[str, Any] = {}
+_MAX_TEMPLATES = 32  # compiled templates kept (request-supplied ones would otherwise grow it forever)
 
 
 def _compile(template: str):
     t = _TEMPLATES.get(template)
     if t is None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from yoco_rs.template_budget import BudgetedSandbox
 
         def raise_exception(msg):
             raise ValueError(f"chat template error: {msg}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = BudgetedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
-        t = _TEMPLATES[template] = env.from_string(template)
+        t = env.from_string(template)
+        if len(_TEMPLATES) >= _MAX_TEMPLATES:
+            _TEMPLATES.pop(next(iter(_TEMPLATES)))
+        _TEMPLATES[template] = t
     return t
 
 

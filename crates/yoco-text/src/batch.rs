@@ -52,12 +52,30 @@ struct SeqText {
     opts: SeqOptions,
     /// Stopped by a stop string (text truncated, nothing more is appended).
     stopped: bool,
+    /// Output tokens fed to `decoder` so far (a lazy request feeds them all at finish or on `take`).
+    decoded: usize,
+    /// The core finished the request (its text is final).
+    finished: bool,
 }
 
 impl SeqText {
     /// Neither streamed nor searched for stop strings: decoded once when it finishes.
     fn lazy(&self) -> bool {
         !self.opts.stream && self.stops.is_empty()
+    }
+
+    /// Feeds `tokens[decoded..n]` to the decoder one at a time, exactly as streaming does, so a
+    /// request's text does not depend on whether it streamed (vLLM builds both from one incremental
+    /// detokenizer). Text still held back at the end (an incomplete UTF-8 sequence) is never
+    /// emitted, as in vLLM.
+    fn catch_up(&mut self, tok: &Tokenizer, n: usize) -> Result<(), TextError> {
+        let skip = self.opts.skip_special_tokens;
+        while self.decoded < n {
+            let piece = self.decoder.push(tok, self.tokens[self.decoded], skip)?;
+            self.text.push_str(&piece);
+            self.decoded += 1;
+        }
+        Ok(())
     }
 }
 
@@ -128,6 +146,8 @@ impl TextBatch {
             stops,
             opts,
             stopped: false,
+            decoded: 0,
+            finished: false,
         };
         self.seqs.insert(id, seq);
         Ok(())
@@ -164,9 +184,17 @@ impl TextBatch {
         self.seqs.get(&id).map(|s| s.tokens.as_slice())
     }
 
-    /// Removes the request and returns its final text and output token ids.
+    /// Removes the request and returns its final text and output token ids. A lazy request taken
+    /// before it finished (an abort) is decoded now, so its partial text matches its tokens.
     pub fn take(&mut self, id: u64) -> Option<(String, Vec<u32>)> {
-        self.seqs.remove(&id).map(|s| (s.text, s.tokens))
+        let mut s = self.seqs.remove(&id)?;
+        if s.lazy() && s.opts.detokenize && !s.finished {
+            let n = s.tokens.len();
+            if s.catch_up(&self.tok, n).is_err() {
+                s.text.clear();
+            }
+        }
+        Some((s.text, s.tokens))
     }
 
     /// Advances the requests of one step. `ids[k]` received `tokens[k]` (-1: none) and has core
@@ -199,11 +227,12 @@ impl TextBatch {
             let stop_token = code == FINISH_EOS || code == FINISH_STOP_TOKEN;
             let decode_tok = tok >= 0 && (!stop_token || seq.opts.include_stop_str_in_output);
             if seq.lazy() {
-                // Nobody reads this text before the end: decode it once, at finish, the same way.
+                // Nobody reads this text before the end: decode it at finish, token by token as
+                // streaming does (the same text).
                 if code != 0 {
                     let n = seq.tokens.len() - usize::from(tok >= 0 && !decode_tok);
-                    seq.decoder.extend(&seq.tokens[..n]);
-                    seq.text = seq.decoder.flush(&self.tok, skip)?;
+                    seq.catch_up(&self.tok, n)?;
+                    seq.finished = true;
                 }
                 continue;
             }
@@ -211,9 +240,9 @@ impl TextBatch {
                 let piece = seq.decoder.push(&self.tok, tok as u32, skip)?;
                 seq.text.push_str(&piece);
             }
+            seq.decoded = seq.tokens.len();
             if code != 0 {
-                let rest = seq.decoder.flush(&self.tok, skip)?;
-                seq.text.push_str(&rest);
+                seq.finished = true;
             }
             if let Some((at, which)) = seq.stops.find(&seq.text, old_len) {
                 let keep = if seq.opts.include_stop_str_in_output {

@@ -194,7 +194,9 @@ fn unknown_ids_are_skipped_and_duplicates_rejected() {
 }
 
 #[test]
-fn an_unfinished_byte_sequence_is_flushed_as_replacement_characters_at_finish() {
+fn an_unfinished_byte_sequence_is_held_back_and_never_emitted_streamed_or_not() {
+    // vLLM's behaviour: text that ends in an incomplete UTF-8 sequence is held back, and what is
+    // still held back when the request finishes is dropped; the non-streamed text is the same.
     let mut b = batch();
     let tok = b.tokenizer().clone();
     let ids = [
@@ -203,13 +205,39 @@ fn an_unfinished_byte_sequence_is_flushed_as_replacement_characters_at_finish() 
         tok.token_to_id("<0x97>").unwrap(),
     ];
     b.add(7, &[], opts(&[], true)).unwrap();
+    b.add(8, &[], opts(&[], false)).unwrap();
     let mid = b
-        .step(&[7, 7], &[ids[0] as i32, ids[1] as i32], &[0, 0])
+        .step(
+            &[7, 7, 8, 8],
+            &[ids[0] as i32, ids[1] as i32, ids[0] as i32, ids[1] as i32],
+            &[0, 0, 0, 0],
+        )
         .unwrap()
         .clone();
-    assert_eq!(mid.deltas.concat(), tok.decode(&ids[..1], true).unwrap());
-    let end = b.step(&[7], &[ids[2] as i32], &[3]).unwrap().clone();
-    assert_eq!(end.deltas, vec!["\u{FFFD}\u{FFFD}".to_string()]);
+    let head = tok.decode(&ids[..1], true).unwrap();
+    assert_eq!(mid.deltas.concat(), head);
+    let end = b
+        .step(&[7, 8], &[ids[2] as i32, ids[2] as i32], &[3, 3])
+        .unwrap()
+        .clone();
+    assert!(end.deltas.is_empty(), "{:?}", end.deltas);
+    assert_eq!(b.take(7).unwrap().0, head);
+    assert_eq!(b.take(8).unwrap().0, head);
+}
+
+#[test]
+fn a_lazy_request_taken_before_it_finished_returns_the_text_of_its_tokens() {
+    // An aborted non-streamed request: its partial text is decoded on take, like a streamed one's.
+    let mut b = batch();
+    let tok = b.tokenizer().clone();
+    let ids = enc(&tok, "hello there world");
+    b.add(7, &[], opts(&[], false)).unwrap();
+    for &t in &ids {
+        b.step(&[7], &[t as i32], &[0]).unwrap();
+    }
+    let (text, toks) = b.take(7).unwrap();
+    assert_eq!(toks, ids);
+    assert_eq!(text, tok.decode(&ids, true).unwrap());
 }
 
 #[test]

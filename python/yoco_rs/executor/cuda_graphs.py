@@ -189,6 +189,10 @@ class CudaGraphRunner:
         self.x_tables = [torch.zeros(x_max, width, **i32) for _ in range(g)]
         self.x_hidden: torch.Tensor | None = None  # allocated on first use (shape from the model)
         self.x_ple: torch.Tensor | None = None
+        # One float32 logits output shared by every cross graph (each writes its first rows): graphs
+        # that returned their own would keep one [size, vocab] buffer alive per capture size (~1.3 GB
+        # over the default ladder at a 262k vocabulary). Allocated before capture, outside the pool.
+        self.x_logits: torch.Tensor | None = None
 
     def _fill_self(self, b: ForwardBatch, kind: str, tb: int) -> None:
         """Copies the batch's self-half inputs into the static buffers, padded to ``tb`` (device ops only)."""
@@ -266,7 +270,14 @@ class CudaGraphRunner:
     def _run_cross(self, xb: int, meta: AttentionMetadata, with_logits: bool) -> tuple[torch.Tensor, ...]:
         h = self.model.cross_decoder(self.x_hidden[:xb], self.x_ple[:xb], self.x_pos[:xb], self.kv_caches,
                                      self.backend, meta)
-        return (self.model.compute_logits(h),) if with_logits else (h,)
+        if not with_logits:
+            return (h,)
+        logits = self.model.compute_logits(h)
+        if self.x_logits is None or self.x_logits.shape[1] != logits.shape[1] or xb > self.x_logits.shape[0]:
+            return (logits,)
+        out = self.x_logits[:xb]
+        out.copy_(logits)  # the temporary goes back to the (shared) pool; only the shared buffer stays
+        return (out,)
 
     def _ensure_cross_inputs(self, hidden: torch.Tensor, ple: torch.Tensor) -> None:
         if self.x_hidden is None:
@@ -449,6 +460,9 @@ class CudaGraphRunner:
         self._pad_self(kind, 1, 0, 0)
         h, ple = self._run_self(1, self._self_meta(kind, 1))
         self._ensure_cross_inputs(h, ple)
+        if self.cfg.fast_prefill and self.x_logits is None:
+            vocab = int(self.model.compute_logits(h).shape[-1])
+            self.x_logits = torch.zeros(self.x_idx.shape[0], vocab, dtype=torch.float32, device=self.device)
 
     def _rehearse(self, meta: AttentionMetadata, run: Callable[[], Any]) -> _Graph:
         run()

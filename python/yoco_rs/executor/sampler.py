@@ -146,7 +146,9 @@ class Sampler:
         self.f32[:, r] = np.array(
             [[p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
               1.0 if p.temperature < GREEDY_EPS else 0.0] for p in params], dtype=np.float32).T
-        self.top_k[r] = [p.top_k if p.top_k > 0 else 0 for p in params]
+        # Guard rails: top_k beyond the vocabulary is the whole vocabulary (no int64 overflow), seeds
+        # are reduced to 63 bits.
+        self.top_k[r] = [min(p.top_k, self.vocab_size) if p.top_k > 0 else 0 for p in params]
         self.seed[r] = [p.seed & ((1 << 63) - 1) for p in params]
         self.min_tokens[r] = [p.min_tokens for p in params]
         self.num_out[r] = [len(o) for o in outputs]

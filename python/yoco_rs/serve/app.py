@@ -23,7 +23,8 @@ from yoco_rs.serve.chat import create_chat_completion
 from yoco_rs.serve.completions import create_completion
 from yoco_rs.serve.errors import APIError, error_body
 from yoco_rs.serve.metrics import ServerMetrics
-from yoco_rs.serve.middleware import AuthMiddleware, BodyLimitMiddleware, HttpMetricsMiddleware, RequestIdMiddleware
+from yoco_rs.serve.middleware import AuthMiddleware, BodyLimitMiddleware, HttpMetricsMiddleware, \
+    JsonOnlyMiddleware, RequestIdMiddleware
 from yoco_rs.serve.sse import ClientDisconnected
 from yoco_rs.serve.state import ServerSettings, ServerState
 from yoco_rs.serve.tokenize import detokenize, tokenize
@@ -52,9 +53,11 @@ def create_app(engine, settings: Optional[ServerSettings] = None, *,
                     await engine.shutdown(drain_timeout=0)
                 except Exception:  # pragma: no cover - shutting down anyway
                     log.exception("engine shutdown failed")
+            state.close()
 
+    docs = state.settings.enable_docs
     app = FastAPI(title="yoco-serve", version=yoco_rs.__version__, lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None)
+                  docs_url="/docs" if docs else None, redoc_url=None, openapi_url="/openapi.json" if docs else None)
     app.state.yoco = state
     metrics = ServerMetrics(state)
     state.metrics = metrics
@@ -129,10 +132,16 @@ def create_app(engine, settings: Optional[ServerSettings] = None, *,
     async def detokenize_route(request: Request):
         return await detokenize(state, request)
 
-    # innermost first: auth -> body limit -> http metrics -> request id (outermost)
+    # innermost first: JSON-only -> auth -> body limit -> http metrics -> CORS -> request id (outermost)
+    app.add_middleware(JsonOnlyMiddleware)
     app.add_middleware(AuthMiddleware, keys=list(state.settings.api_keys))
     app.add_middleware(BodyLimitMiddleware, limit=state.settings.max_request_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, counter=metrics.http_requests)
+    if state.settings.allowed_origins:  # CORS is off (no headers at all) unless origins are named
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(state.settings.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
           help="require `Authorization: Bearer KEY` on /v1/* (/health and /metrics stay open)")
     p.add("--max-request-body-bytes", type=_pos_int, default=32 * 1024 * 1024,
           help="larger request bodies get a 413")
-    p.add("--shutdown-timeout", type=_nonneg_float, default=30.0,
-          help="on SIGTERM, seconds in-flight requests may take to finish before they are aborted")
+    p.add("--shutdown-timeout", type=_nonneg_float, default=20.0,
+          help="on SIGTERM, seconds in-flight requests may take to finish before they are aborted (the default "
+               "plus 5 s of connection close fits Kubernetes' 30 s termination grace period)")
     p.add("--chat-template", metavar="PATH_OR_TEXT",
           help="Jinja chat template (a file or the template itself) overriding the checkpoint's")
     p.add("--return-tokens-as-token-ids", action="store_true",
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--uvicorn-log-level", default="warning",
           choices=("critical", "error", "warning", "info", "debug", "trace"), help="uvicorn's log level")
     p.add("--disable-progress", action="store_true", help="no progress bar while weights load")
+    _add_hardening_flags(p)
 
     p.add("--tokenizer", help="tokenizer directory (default: the model directory)")
     p.add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -166,6 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
           help="fcfs, or priority (lower `priority` first; preempts the least important)")
     p.add("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs / prompt_logprobs allowed")
     return p
+
+
+def _add_hardening_flags(p: _Parser) -> None:
+    """Limits on what one request may ask, browser exposure, failure containment."""
+    p.add("--max-n", type=_pos_int, default=128, help="largest `n` (completions per prompt) a request may ask")
+    p.add("--max-prompts-per-request", type=_pos_int, default=256,
+          help="most prompts in one /v1/completions request")
+    p.add("--trust-request-chat-template", action="store_true",
+          help="accept `chat_template` in requests (templates are code; off: such requests get a 400)")
+    p.add("--chat-template-timeout", type=_nonneg_float, default=2.0,
+          help="seconds one chat-template rendering may take (a 400 past it)")
+    p.add("--allowed-origins", nargs="+", metavar="ORIGIN",
+          help="browser origins allowed by CORS (e.g. http://localhost:3000); none: no CORS headers")
+    p.add("--disable-fastapi-docs", action="store_true", help="do not serve /docs and /openapi.json")
+    p.add("--max-consecutive-step-failures", type=_pos_int, default=3,
+          help="failing engine steps in a row that declare the engine dead (the server exits 1); a single "
+               "failure only fails the requests of that step")
 
 
 #: CLI dest -> EngineConfig field, for the flags that are engine settings.

@@ -5,6 +5,7 @@ missing or mistyped field by name). FastAPI's own body parsing is not used: it a
 from __future__ import annotations
 
 import json
+import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -13,6 +14,10 @@ from starlette.requests import Request
 from yoco_rs.serve.errors import APIError, bad_request
 
 M = TypeVar("M", bound=BaseModel)
+
+# A JSON escape of a surrogate code point: the only way a lone surrogate (which no UTF-8 text can hold,
+# and which would fail later, at tokenization or in the response) gets into a parsed body.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 async def read_json(request: Request) -> dict:
@@ -35,7 +40,29 @@ async def read_json(request: Request) -> dict:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise bad_request(f"request body must be a JSON object, got {describe_kind(obj)}")
+    if _SURROGATE_ESCAPE.search(text):
+        _reject_lone_surrogates(obj)
     return obj
+
+
+def _reject_lone_surrogates(obj, path: str = "") -> None:
+    """400 naming the first string (or key) holding a lone UTF-16 surrogate (``"\\ud800"`` with no pair)."""
+    stack = [(obj, path)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                field = (where or "body").encode("utf-8", "backslashreplace").decode("utf-8")
+                raise bad_request(f"{field} holds a lone UTF-16 surrogate (\\u{ord(v[e.start]):04x} at character "
+                                  f"{e.start}), which is not valid Unicode", field.split(".")[0].split("[")[0])
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                stack.append((k, where or "body"))
+                stack.append((x, f"{where}.{k}" if where else str(k)))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

@@ -10,8 +10,9 @@ from yoco_rs.serve.body import parse_body
 from yoco_rs.serve.generation import final_outputs, new_id, now, stream_error_body, submit, usage
 from yoco_rs.serve.logprobs import TokenText, chat_logprobs, prompt_logprobs_json
 from yoco_rs.serve.protocol import ChatCompletionRequest
+from yoco_rs.serve.unsupported import reject_unsupported
 from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, sse
-from yoco_rs.serve.validation import chat_prompt, reject_unsupported, sampling_params, truncate
+from yoco_rs.serve.validation import chat_prompt, request_chat_template, request_limits, sampling_params, truncate
 
 
 async def create_chat_completion(state, request: Request):
@@ -22,8 +23,10 @@ async def create_chat_completion(state, request: Request):
     state.ensure_serving()
     reject_unsupported(req, chat=True)
     limits = state.limits()
-    prompt = truncate(chat_prompt(req, state.engine.tokenizer, state.settings.chat_template),
-                      req.truncate_prompt_tokens, limits)
+    request_limits(req, limits, chat=True)
+    template = request_chat_template(req, state.settings)
+    prompt = await state.offload(chat_prompt, req, state.engine.tokenizer, template, limits, state.template_budget())
+    prompt = truncate(prompt, req.truncate_prompt_tokens, limits)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     stream = bool(req.stream)

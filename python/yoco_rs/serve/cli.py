@@ -37,7 +37,13 @@ def ready_line(state: ServerState, url: str) -> str:
     pc = f"on (sub-block {cfg.sub_block_size})" if cfg.enable_prefix_caching else "off"
     return (f"yoco-serve ready: model {state.model_name} | KV capacity {cap_s} (block {cfg.block_size}) | "
             f"fast prefill {'on' if cfg.kv_sharing_fast_prefill else 'off'} | prefix caching {pc} | "
-            f"max_model_len {state.limits().max_model_len} | {url}")
+            f"max_model_len {state.limits().max_model_len}{_memory(state)} | {url}")
+
+
+def _memory(state: ServerState) -> str:
+    """The memory budget split (`` | memory: weights .. | step .. | KV ..``), when the engine reports it."""
+    split = getattr(state.engine, "memory_split", "")
+    return f" | memory: {split}" if isinstance(split, str) and split else ""
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -55,11 +61,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         max_request_body_bytes=args.max_request_body_bytes, metrics_prefix=args.metrics_prefix,
         compat_metric_names=args.compat_metric_names, chat_template=read_chat_template(args.chat_template),
         shutdown_timeout=args.shutdown_timeout, return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-        host=args.host, port=args.port)
+        host=args.host, port=args.port, max_n=args.max_n, max_prompts_per_request=args.max_prompts_per_request,
+        trust_request_chat_template=args.trust_request_chat_template,
+        chat_template_seconds=args.chat_template_timeout, allowed_origins=list(args.allowed_origins or []),
+        enable_docs=not args.disable_fastapi_docs)
     model = model_dir(args)
     _say(f"yoco-serve {yoco_rs.__version__}: loading {model or 'the bundled model yoco-tiny'}")
     try:
-        engine = AsyncEngine(model, progress=not args.disable_progress, **engine_settings(args))
+        engine = AsyncEngine(model, progress=not args.disable_progress,
+                             max_consecutive_step_failures=args.max_consecutive_step_failures,
+                             **engine_settings(args))
     except (ValueError, TypeError, OSError) as e:
         _say(f"yoco-serve: error: {e}")
         return 2
@@ -68,14 +79,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     server: Optional[_Server] = None
 
     def on_ready(state: ServerState) -> None:
-        # The engine can finish loading before uvicorn has bound its socket (lifespan startup runs
-        # first): the ready line waits for the bind, so that `--port 0` prints the real port.
-        async def say_when_bound() -> None:
-            while server is not None and not server.started and not server.should_exit:
-                await asyncio.sleep(0.01)
-            _say(ready_line(state, server.url() if server else f"http://{args.host}:{args.port}"))
-
-        asyncio.ensure_future(say_when_bound())
+        if server is not None and not server.started and not server.should_exit:
+            # The model loaded before uvicorn bound its socket: the line must carry the real port.
+            asyncio.get_running_loop().call_later(0.02, on_ready, state)
+            return
+        _say(ready_line(state, server.url() if server else f"http://{args.host}:{args.port}"))
 
     def on_fatal(err: BaseException) -> None:
         cause = err.__cause__ or err

@@ -13,8 +13,9 @@ from yoco_rs.serve.body import parse_body
 from yoco_rs.serve.generation import final_outputs, new_id, now, stream_error_body, submit, usage
 from yoco_rs.serve.logprobs import CompletionLogprobs, TokenText, merge_blocks, prompt_logprobs_json
 from yoco_rs.serve.protocol import CompletionRequest
+from yoco_rs.serve.unsupported import reject_unsupported
 from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, sse
-from yoco_rs.serve.validation import completion_prompts, reject_unsupported, sampling_params, truncate
+from yoco_rs.serve.validation import completion_prompts, request_limits, sampling_params, truncate
 
 
 async def create_completion(state, request: Request):
@@ -25,8 +26,10 @@ async def create_completion(state, request: Request):
     state.ensure_serving()
     reject_unsupported(req, chat=False)
     limits = state.limits()
+    request_limits(req, limits, chat=False)
     tok = state.engine.tokenizer
-    prompts = [truncate(p, req.truncate_prompt_tokens, limits) for p in completion_prompts(req, tok, limits)]
+    prompts = [truncate(p, req.truncate_prompt_tokens, limits)
+               for p in await state.offload(completion_prompts, req, tok, limits)]
     stream = bool(req.stream)
     echo_lp = bool(req.echo) and req.logprobs is not None
     params = []

@@ -20,6 +20,7 @@ ERROR_TYPES = {
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestEntityTooLargeError",
+    415: "UnsupportedMediaTypeError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Optional
 
-from yoco_rs.errors import EngineClosedError, EngineDeadError
+from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
 from yoco_rs.sampling_params import SamplingParams
 from yoco_rs.serve.errors import APIError, from_value_error
 from yoco_rs.serve.sse import _close
@@ -61,11 +61,11 @@ async def final_output(stream):
 
 async def final_outputs(state, streams: list) -> list:
     """The last output of each stream (non-streaming responses); engine shutdown or death becomes a 503,
-    and leaving early closes the streams, which aborts their requests."""
+    a failed step a 500 naming its cause, and leaving early closes the streams, which aborts their requests."""
     tasks = [asyncio.ensure_future(final_output(s)) for s in streams]
     try:
         return await asyncio.gather(*tasks)
-    except (EngineClosedError, EngineDeadError) as e:
+    except (EngineClosedError, EngineDeadError, RequestFailedError) as e:
         raise state.engine_error(e) from None
     finally:
         for t in tasks:

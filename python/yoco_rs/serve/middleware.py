@@ -1,6 +1,6 @@
 """Pure ASGI middlewares (Starlette's ``BaseHTTPMiddleware`` would break streaming and disconnect
 detection): request ids, the body-size limit (413), Bearer auth on ``/v1`` (401), HTTP request
-counting. Each answers errors in the OpenAI envelope."""
+counting, the JSON-only Content-Type gate (415). Each answers errors in the OpenAI envelope."""
 
 from __future__ import annotations
 
@@ -84,6 +84,35 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
+class JsonOnlyMiddleware:
+    """415 for a request body sent with a Content-Type other than JSON. A web page may send a "simple"
+    cross-origin POST (``text/plain``, form encodings: no CORS preflight) to a local server; refusing
+    those bodies means no page can drive the API. A body without a Content-Type is read as JSON (curl
+    without ``-H``)."""
+
+    METHODS = ("POST", "PUT", "PATCH")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") not in self.METHODS:
+            return await self.app(scope, receive, send)
+        ct = _header(scope, b"content-type")
+        if ct is None or is_json_type(ct):
+            return await self.app(scope, receive, send)
+        shown = ct.decode("latin-1")[:100]
+        await _send_json(send, 415, error_body(
+            415, f"Content-Type {shown!r} is not supported: send the body as JSON with "
+                 "'Content-Type: application/json'", type="UnsupportedMediaTypeError"))
+
+
+def is_json_type(ct: bytes) -> bool:
+    """``application/json`` or ``application/<x>+json``, with any parameters (charset)."""
+    media = ct.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
 class AuthMiddleware:
     """``Authorization: Bearer <key>`` on ``/v1/*`` (``/health``, ``/metrics`` stay open for probes)."""
 
@@ -134,4 +163,5 @@ class HttpMetricsMiddleware:
             self.counter.labels(scope.get("method", ""), f"{status // 100}xx", handler).inc()
 
 
-__all__ = ["RequestIdMiddleware", "BodyLimitMiddleware", "AuthMiddleware", "HttpMetricsMiddleware"]
+__all__ = ["RequestIdMiddleware", "BodyLimitMiddleware", "AuthMiddleware", "HttpMetricsMiddleware",
+           "JsonOnlyMiddleware", "is_json_type"]

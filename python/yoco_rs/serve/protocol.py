@@ -2,9 +2,10 @@
 
 Field types are strict about kinds (a string is not a number, ``true`` is not ``1``) and lenient
 where clients legitimately differ (``100.0`` is accepted as the integer 100, ``stop: null`` is no
-stop). Unknown fields are kept (``model_extra``) and ignored, as OpenAI and vLLM do. Ranges are not
-checked here: ``SamplingParams`` checks them, so the message is the engine's own ("top_p must be in
-(0, 1], got 0").
+stop). Unknown fields are kept (``model_extra``) and ignored, as vLLM does; known fields yoco-serve
+does not implement are refused by ``unsupported.reject_unsupported``. Every integer must fit in 64 bits
+(larger ones are a 400 here, before they reach an array); tighter ranges are ``SamplingParams``' and
+``validation``'s own, so the message is the engine's ("top_p must be in (0, 1], got 0").
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
 def _int(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"must be an integer, got {_show(v)}")
     if isinstance(v, float):
         if not (math.isfinite(v) and v.is_integer()):
             raise ValueError(f"must be an integer, got {v!r}")
-        return int(v)
+        v = int(v)
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise ValueError(f"must be an integer in the 64-bit range [-2**63, 2**63 - 1], got {v}")
     return v
 
 

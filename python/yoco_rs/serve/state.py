@@ -4,13 +4,18 @@ fallbacks so the server works with an engine that exposes less."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
-from yoco_rs.errors import EngineClosedError, EngineDeadError
+from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
 from yoco_rs.serve.errors import APIError
 from yoco_rs.serve.validation import Limits
+from yoco_rs.template_budget import TemplateBudget
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -29,8 +34,22 @@ class ServerSettings:
     """Also publish the deprecated vLLM names (``gpu_cache_usage_perc``, ``gpu_prefix_cache_*``...)."""
     chat_template: Optional[str] = None
     """A chat template (Jinja text) overriding the checkpoint's."""
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = 20.0
+    """SIGTERM drain; with uvicorn's 5 s on top it fits Kubernetes' default 30 s grace period."""
     return_tokens_as_token_ids: bool = False
+    # ---- hostile-input limits (issue 13) ----
+    max_n: int = 128
+    """Largest ``n`` (OpenAI's cap)."""
+    max_prompts_per_request: int = 256
+    """Most prompts in one ``/v1/completions`` request (a list of prompts)."""
+    trust_request_chat_template: bool = False
+    """Accept ``chat_template`` in requests (vLLM's ``--trust-request-chat-template``); off: 400."""
+    chat_template_seconds: float = 2.0
+    """Time budget of one chat-template rendering (the server's template or a trusted request's)."""
+    allowed_origins: list[str] = field(default_factory=list)
+    """CORS origins; empty: no CORS headers at all (browsers block cross-origin reads)."""
+    enable_docs: bool = True
+    """Serve ``/docs`` and ``/openapi.json``."""
     host: str = "127.0.0.1"
     port: int = 8000
 
@@ -46,6 +65,23 @@ class ServerState:
         self.started_at = time.time()
         self._limits: Optional[Limits] = None
         self.metrics = None  # ServerMetrics, set by create_app
+        # Tokenization and template rendering run here, off the event loop (few workers: a flood of
+        # huge prompts queues behind them instead of taking every core).
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="yoco-serve-cpu")
+
+    async def offload(self, fn: Callable[..., T], *args) -> T:
+        """Run CPU work (tokenization, chat templates) in the server's worker threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args))
+
+    def template_budget(self) -> TemplateBudget:
+        """The budget of one chat-template rendering: the time setting, and output no longer than the
+        longest prompt that could fit the context."""
+        return TemplateBudget(seconds=self.settings.chat_template_seconds,
+                              max_chars=max(self.limits().max_prompt_chars, 1 << 16))
+
+    def close(self) -> None:
+        """Stop the worker threads (the app's lifespan end)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def observe_params(self, n: int, max_tokens) -> None:
         """Record a request's parameters in the server metrics (when metrics are on)."""
@@ -104,6 +140,8 @@ class ServerState:
             return APIError(503, "the server is shutting down and accepts no new requests")
         if isinstance(e, EngineDeadError):
             return APIError(503, f"the engine is dead: {e.__cause__ or e}", type="EngineDeadError")
+        if isinstance(e, RequestFailedError):
+            return APIError(500, str(e), type="InternalServerError")
         return APIError(500, f"internal error: {type(e).__name__}: {e}")
 
     # ---- engine facts ---------------------------------------------------------------------------
@@ -113,8 +151,12 @@ class ServerState:
         if self._limits is None:
             e = self.engine
             cfg = e.config
-            self._limits = Limits(max_model_len=int(e.max_model_len), max_logprobs=int(cfg.max_logprobs),
-                                  vocab_size=self.vocab_size())
+            max_model_len = int(e.max_model_len)
+            self._limits = Limits(max_model_len=max_model_len, max_logprobs=int(cfg.max_logprobs),
+                                  vocab_size=self.vocab_size(),
+                                  max_prompt_chars=max_model_len * _max_chars_per_token(e.tokenizer),
+                                  max_n=self.settings.max_n, max_prompts=self.settings.max_prompts_per_request,
+                                  priority_scheduling=getattr(cfg, "scheduling_policy", "fcfs") == "priority")
         return self._limits
 
     def vocab_size(self) -> int:
@@ -134,6 +176,16 @@ class ServerState:
             return int(m.kv_blocks_total) * int(self.engine.config.block_size)
         except Exception:
             return None
+
+
+def _max_chars_per_token(tokenizer) -> int:
+    """An upper bound of the characters one token stands for (the longest vocabulary string): a text
+    of C characters has at least C / this many tokens, so longer texts are refused without tokenizing."""
+    try:
+        vocab = tokenizer.hf.get_vocab(with_added_tokens=True)
+        return max(8, max(len(t) for t in vocab))
+    except Exception:
+        return 1 << 10
 
 
 def _cause(engine) -> str:

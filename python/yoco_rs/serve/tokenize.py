@@ -8,7 +8,7 @@ from starlette.requests import Request
 from yoco_rs.serve.body import read_json, validate
 from yoco_rs.serve.errors import bad_request
 from yoco_rs.serve.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
-from yoco_rs.serve.validation import chat_messages, render_chat
+from yoco_rs.serve.validation import chat_messages, encode_text, render_chat, request_chat_template
 
 
 async def tokenize(state, request: Request) -> dict:
@@ -22,14 +22,19 @@ async def tokenize(state, request: Request) -> dict:
     state.check_model(req.model)
     state.ensure_serving()
     tok = state.engine.tokenizer
+    limits = state.limits()
     if chat:
-        text = render_chat(tok, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message,
-                           chat_template=req.chat_template or state.settings.chat_template,
-                           chat_template_kwargs=req.chat_template_kwargs)
+        template = request_chat_template(req, state.settings)
+        text = await state.offload(
+            lambda: render_chat(tok, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+                                continue_final_message=req.continue_final_message, chat_template=template,
+                                chat_template_kwargs=req.chat_template_kwargs, budget=state.template_budget()))
     else:
         text = req.prompt
-    ids = tok.encode(text, add_special_tokens=req.add_special_tokens)
+    # Refuse what cannot fit the context before tokenizing it (off the event loop).
+    ids = await state.offload(lambda: encode_text(tok, text, add_special_tokens=req.add_special_tokens,
+                                                  truncate_to=None, limits=limits, where="prompt",
+                                                  param="messages" if chat else "prompt"))
     body = {"count": len(ids), "max_model_len": state.limits().max_model_len, "tokens": ids}
     if req.return_token_strs:
         body["token_strs"] = tok.convert_ids_to_tokens(ids)
@@ -45,7 +50,8 @@ async def detokenize(state, request: Request) -> dict:
     bad = [t for t in req.tokens if t < 0 or t >= vocab]
     if bad:
         raise bad_request(f"tokens holds token id {bad[0]}, outside the vocabulary [0, {vocab})", "tokens")
-    return {"prompt": state.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    tok = state.engine.tokenizer
+    return {"prompt": await state.offload(lambda: tok.decode(req.tokens, skip_special_tokens=False))}
 
 
 __all__ = ["tokenize", "detokenize"]

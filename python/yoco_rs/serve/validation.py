@@ -13,7 +13,8 @@ from typing import Optional, Sequence
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
 from yoco_rs.serve.body import describe_kind as _kind
 from yoco_rs.serve.errors import APIError, bad_request, from_value_error
-from yoco_rs.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from yoco_rs.serve.protocol import INT32_MAX, INT32_MIN, ChatCompletionRequest, ChatMessage, CompletionRequest, \
+    SamplingFields
 
 
 @dataclass
@@ -23,6 +24,12 @@ class Limits:
     max_model_len: int
     max_logprobs: int
     vocab_size: int
+    max_prompt_chars: int = 1 << 62
+    """Texts longer than this cannot fit the context (more tokens than ``max_model_len`` for sure):
+    refused without tokenizing them."""
+    max_n: int = 128
+    max_prompts: int = 256
+    priority_scheduling: bool = False
 
 
 @dataclass
@@ -40,8 +47,53 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def request_limits(req: SamplingFields, limits: Limits, *, chat: bool) -> None:
+    """The server's caps that do not need the prompt: ``n``, prompts per request, ``priority`` (only
+    under priority scheduling, in the scheduler's 32-bit range), ``top_k`` and ``truncate_prompt_tokens``
+    (values that reach fixed-width arrays)."""
+    if req.n > limits.max_n:
+        raise bad_request(f"n must be <= {limits.max_n} (the server's --max-n), got {req.n}", "n")
+    if not chat:
+        p = req.prompt
+        if isinstance(p, list) and len(p) > limits.max_prompts and not all(_is_int(t) for t in p):
+            raise bad_request(f"prompt holds {len(p)} prompts; at most {limits.max_prompts} per request (the "
+                              "server's --max-prompts-per-request)", "prompt")
+    if req.priority != 0 and not limits.priority_scheduling:
+        raise bad_request(f"priority is only supported with --scheduling-policy priority (this server schedules "
+                          f"first come, first served), got {req.priority}", "priority")
+    if not INT32_MIN <= req.priority <= INT32_MAX:
+        raise bad_request(f"priority must be in [-2**31, 2**31 - 1], got {req.priority}", "priority")
+    if req.top_k is not None and req.top_k > INT32_MAX:
+        raise bad_request(f"top_k must be 0 or -1 (disabled) or in [1, 2**31 - 1], got {req.top_k}", "top_k")
+    k = req.truncate_prompt_tokens
+    if k is not None and k > limits.max_model_len:
+        raise bad_request(f"truncate_prompt_tokens must be <= max_model_len ({limits.max_model_len}), got {k}",
+                          "truncate_prompt_tokens")
+
+
+def _too_long(where: str, chars: int, limits: Limits, param: str) -> APIError:
+    return bad_request(f"{where} is too long: {chars} characters make more than {limits.max_model_len} tokens, "
+                       f"this model's maximum context length", param)
+
+
+def encode_text(tokenizer, text: str, *, add_special_tokens: bool, truncate_to: Optional[int], limits: Limits,
+                where: str, param: str) -> list[int]:
+    """Token ids of a prompt text, without tokenizing what cannot fit: a text over
+    ``limits.max_prompt_chars`` is a 400 at once; with ``truncate_to`` only its tail is tokenized
+    (enough characters for ``truncate_to`` + 16 tokens, so the cut falls among tokens dropped anyway)."""
+    per_token = max(1, limits.max_prompt_chars // max(1, limits.max_model_len))
+    if truncate_to is not None:
+        tail = (truncate_to + 16) * per_token
+        if len(text) > tail:
+            return tokenizer.encode(text[-tail:], add_special_tokens=False)
+    elif len(text) > limits.max_prompt_chars:
+        raise _too_long(where, len(text), limits, param)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
 def completion_prompts(req: CompletionRequest, tokenizer, limits: Limits) -> list[Prompt]:
-    """``prompt`` as a string, list of strings, list of ids or list of lists of ids."""
+    """``prompt`` as a string, list of strings, list of ids or list of lists of ids (thread-safe: the
+    server runs it off the event loop)."""
     p = req.prompt
     if isinstance(p, str):
         items = [p]
@@ -61,7 +113,9 @@ def completion_prompts(req: CompletionRequest, tokenizer, limits: Limits) -> lis
         if isinstance(item, str):
             if item == "":
                 raise bad_request(f"{where} is empty: give at least one character or token id", "prompt")
-            ids = tokenizer.encode(item, add_special_tokens=req.add_special_tokens)
+            ids = encode_text(tokenizer, item, add_special_tokens=req.add_special_tokens,
+                              truncate_to=_truncate_k(req.truncate_prompt_tokens, limits), limits=limits,
+                              where=where, param="prompt")
             out.append(Prompt(ids, item))
         else:
             if not item:
@@ -75,6 +129,10 @@ def completion_prompts(req: CompletionRequest, tokenizer, limits: Limits) -> lis
                                   "prompt")
             out.append(Prompt(list(item), None))
     return out
+
+
+def _truncate_k(k: Optional[int], limits: Limits) -> Optional[int]:
+    return limits.max_model_len if k == -1 else k
 
 
 def chat_messages(messages: Sequence[ChatMessage]) -> list[dict]:
@@ -108,9 +166,22 @@ def chat_messages(messages: Sequence[ChatMessage]) -> list[dict]:
     return out
 
 
+def request_chat_template(req, settings) -> Optional[str]:
+    """The template a request renders with: its own ``chat_template`` only where the server trusts
+    request templates (vLLM's ``--trust-request-chat-template``; templates are code), else a 400."""
+    if req.chat_template is not None and not settings.trust_request_chat_template:
+        raise bad_request("chat_template in a request is refused: templates are code, and this server does not "
+                          "trust request templates (start it with --trust-request-chat-template)", "chat_template")
+    if req.chat_template_kwargs and "chat_template" in req.chat_template_kwargs \
+            and not settings.trust_request_chat_template:
+        raise bad_request("chat_template_kwargs.chat_template is refused (see chat_template)", "chat_template_kwargs")
+    return req.chat_template or settings.chat_template
+
+
 def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool, continue_final_message: bool,
-                chat_template: Optional[str], chat_template_kwargs: Optional[dict]) -> str:
-    """A conversation rendered with the chat template; template errors and conflicting options become 400s."""
+                chat_template: Optional[str], chat_template_kwargs: Optional[dict], budget=None) -> str:
+    """A conversation rendered with the chat template (under ``budget``); template errors, a blown budget
+    and conflicting options become 400s."""
     if continue_final_message and add_generation_prompt:
         raise bad_request("continue_final_message and add_generation_prompt cannot both be true "
                           "(set add_generation_prompt to false to continue the last message)",
@@ -120,7 +191,7 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
         kwargs.pop(reserved, None)
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                             chat_template=chat_template, **kwargs)
+                                             chat_template=chat_template, budget=budget, **kwargs)
     except APIError:
         raise
     except Exception as e:  # template errors (jinja, raise_exception) are the request's fault
@@ -135,13 +206,16 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
     return text
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer, default_template: Optional[str]) -> Prompt:
-    """The prompt of a chat request: rendered conversation, tokenized (400 when it is empty)."""
+def chat_prompt(req: ChatCompletionRequest, tokenizer, template: Optional[str], limits: Limits,
+                budget=None) -> Prompt:
+    """The prompt of a chat request: rendered conversation (under ``budget``), tokenized (400 when it is
+    empty or cannot fit). Thread-safe: the server runs it off the event loop."""
     text = render_chat(tokenizer, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
-                       continue_final_message=req.continue_final_message,
-                       chat_template=req.chat_template or default_template,
-                       chat_template_kwargs=req.chat_template_kwargs)
-    ids = tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+                       continue_final_message=req.continue_final_message, chat_template=template,
+                       chat_template_kwargs=req.chat_template_kwargs, budget=budget)
+    ids = encode_text(tokenizer, text, add_special_tokens=req.add_special_tokens,
+                      truncate_to=_truncate_k(req.truncate_prompt_tokens, limits), limits=limits,
+                      where="the rendered conversation", param="messages")
     if not ids:
         raise bad_request("the rendered conversation is empty", "messages")
     return Prompt(ids, text)
@@ -158,46 +232,6 @@ def truncate(prompt: Prompt, k: Optional[int], limits: Limits) -> Prompt:
     if len(prompt.token_ids) <= k:
         return prompt
     return Prompt(prompt.token_ids[-k:], None)
-
-
-# ---- unsupported features -----------------------------------------------------------------------------
-
-def reject_unsupported(req: SamplingFields, *, chat: bool) -> None:
-    """A 400 naming the first requested feature yoco-serve does not implement, rather than ignoring it."""
-    def no(name, why="is not supported by yoco-serve"):
-        raise bad_request(f"{name} {why}", name)
-
-    if req.logit_bias:
-        no("logit_bias")
-    if req.allowed_token_ids:
-        no("allowed_token_ids")
-    if req.bad_words:
-        no("bad_words")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        if getattr(req, name) is not None:
-            no(name, "(structured output) is not supported by yoco-serve")
-    rf = req.response_format
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind != "text":
-            no("response_format", f"{kind!r} is not supported by yoco-serve (only {{'type': 'text'}})")
-    if req.best_of is not None and req.best_of != req.n:
-        raise bad_request(f"best_of is not supported (it must equal n={req.n} or be omitted), got {req.best_of}",
-                          "best_of")
-    if req.stream_options is not None and not req.stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    if chat:
-        assert isinstance(req, ChatCompletionRequest)
-        if req.tools and req.tool_choice not in (None, "none"):
-            no("tools", "(tool calling) is not supported by yoco-serve; omit tools or set tool_choice to 'none'")
-        if req.echo:
-            no("echo", "is not supported for chat completions")
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    else:
-        assert isinstance(req, CompletionRequest)
-        if req.suffix is not None:
-            no("suffix")
 
 
 # ---- sampling params --------------------------------------------------------------------------------
@@ -279,5 +313,5 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
         raise from_value_error(e) from None
 
 
-__all__ = ["Limits", "Prompt", "completion_prompts", "chat_prompt", "chat_messages", "render_chat", "truncate",
-           "reject_unsupported", "sampling_params", "stop_strings", "context_error"]
+__all__ = ["Limits", "Prompt", "request_limits", "encode_text", "request_chat_template", "completion_prompts", "chat_prompt", "chat_messages", "render_chat", "truncate",
+           "sampling_params", "stop_strings", "context_error"]
