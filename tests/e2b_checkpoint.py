@@ -12,9 +12,9 @@ N(0, fan_in^-1/2)), except the q/k norms, scaled by ``QK_NORM_SCALE``: Gemma 3n 
 so unit-RMS q and k of random weights give scores in the hundreds, where transformers' own eager and sdpa
 disagree by 0.4 in the logits; x0.25 brings that to ~2e-5 and makes greedy tokens a meaningful check.
 
-The files are streamed tensor by tensor from one pool of N(0, 1) draws at varying offsets (a full
-random draw of 4.4B values takes a minute on 2 cores), so building needs about 1 GB of memory and ~30 s
-(8.8 GB written; the page cache holds it afterwards).
+The files are streamed tensor by tensor, as slices of a few pools of normal draws at random offsets (see
+``_Draws``), so building needs under 1 GB of memory and is bound by writing 8.8 GB (the page cache holds
+the files afterwards).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 QK_NORM_SCALE = 0.25
-POOL = 1 << 26  # draws in the pool the embedding tables are sliced from
-CHUNK = 1 << 24  # elements written per piece of a large tensor (<= POOL)
+POOL = 1 << 25  # draws per pool (one pool per distinct mean/std)
+CHUNK = 1 << 23  # elements written per piece of a large tensor (a quarter of a pool)
 
 E2B_TEXT = dict(
     activation_sparsity_pattern=[0.95] * 10 + [0.0] * 20, altup_active_idx=0, altup_coef_clip=120.0,
@@ -79,8 +79,7 @@ def text_tensors(text: dict) -> list[tuple[str, tuple[int, ...]]]:
     from yoco_rs.models.gemma3n.model import Gemma3nModel
 
     args = Gemma3nTextArgs.from_dict(dict(text))
-    with torch.device("meta"):
-        model = Gemma3nModel(args, dtype=torch.bfloat16, device="meta")
+    model = Gemma3nModel(args, dtype=torch.bfloat16, device="meta")  # names and shapes only, no memory
     out = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     kv = args.num_key_value_heads * args.head_dim
     for i in range(args.first_shared, args.num_hidden_layers):
@@ -96,22 +95,24 @@ def _layer_order(name: str) -> tuple:
 
 
 class _Draws:
-    """Deterministic N(0, 1) values, ``std``-scaled, cast to bf16: fresh draws for tensors up to ``POOL``
-    elements (every layer matrix), slices of one pool at random offsets for the two embedding tables
-    (2.5B of the 4.4B values, whose rows then repeat with a long period: harmless, and 10x faster)."""
+    """Deterministic normal values in bf16: one pool of ``POOL`` draws per (mean, std) in use (a dozen),
+    tensors are slices at random offsets, written in pieces of at most ``CHUNK``. Two slices of a pool are
+    shifted copies of each other only where they overlap (unrelated as vectors unless the shift is a
+    multiple of the row length); a full draw of 4.4B values would take minutes on 2 cores."""
 
     def __init__(self, seed: int):
-        self.g = torch.Generator().manual_seed(seed)
-        self.pool = torch.randn(POOL, generator=self.g)
+        self.seed = seed
+        self.pools: dict[tuple[float, float], torch.Tensor] = {}
         self.rng = np.random.default_rng(seed)
 
-    def take(self, n: int, std: float, mean: float = 0.0, *, fresh: bool = True) -> torch.Tensor:
-        if fresh:
-            x = torch.randn(n, generator=self.g)
-        else:
-            start = int(self.rng.integers(0, POOL - n + 1))
-            x = self.pool[start:start + n].clone()
-        return x.mul_(std).add_(mean).to(torch.bfloat16)
+    def take(self, n: int, std: float, mean: float = 0.0) -> torch.Tensor:
+        key = (mean, std)
+        pool = self.pools.get(key)
+        if pool is None:
+            g = torch.Generator().manual_seed(self.seed * 1000 + len(self.pools))
+            pool = self.pools[key] = torch.randn(POOL, generator=g).mul_(std).add_(mean).to(torch.bfloat16)
+        start = int(self.rng.integers(0, POOL - n + 1))
+        return pool[start:start + n]
 
 
 def _values(name: str, shape: tuple[int, ...], draws: _Draws, numel: int, chunk: int):
@@ -124,9 +125,8 @@ def _values(name: str, shape: tuple[int, ...], draws: _Draws, numel: int, chunk:
             mean, std = QK_NORM_SCALE, 0.1 * QK_NORM_SCALE
     elif "correct_output_scale" in name:
         mean, std = 0.0, 0.5
-    fresh = numel <= POOL
     for s in range(0, numel, chunk):
-        yield draws.take(min(chunk, numel - s), std, mean, fresh=fresh)
+        yield draws.take(min(chunk, numel - s), std, mean)
 
 
 def _write_shard(path: str, tensors: list[tuple[str, tuple[int, ...], str]], draws: _Draws) -> None:
@@ -143,7 +143,7 @@ def _write_shard(path: str, tensors: list[tuple[str, tuple[int, ...], str]], dra
         for key, shape, src in tensors:
             n = int(np.prod(shape)) if shape else 1
             for piece in _values(src, shape, draws, n, CHUNK):
-                f.write(piece.view(torch.int16).numpy().tobytes())
+                f.write(memoryview(piece.view(torch.int16).numpy()))
 
 
 def build(out_dir: str, *, text: dict = E2B_TEXT, seed: int = 0, shards: int = 3) -> str:

@@ -78,14 +78,18 @@ def iter_safetensors(files: Iterable[str]) -> Iterator[tuple[str, str, "callable
                 f"{path} ({size:,} bytes) is not a readable safetensors file; it is truncated or corrupted "
                 f"(re-download or re-save it): {e}") from e
         with handle as f:
-            for key in f.keys():
-                def load(f=f, key=key, path=path):
-                    try:
+            keys = list(f.keys())
+        for key in keys:
+            # each tensor through its own short-lived map: the pages read leave this process's RSS once
+            # the tensor is copied (one long-lived map would keep a whole shard resident while loading)
+            def load(key=key, path=path):
+                try:
+                    with safe_open(path, framework="pt", device="cpu") as f:
                         return f.get_tensor(key)
-                    except Exception as e:
-                        raise CheckpointError(f"{path}: tensor {key!r} cannot be read (truncated or corrupted "
-                                              f"file?): {e}") from e
-                yield path, key, load
+                except Exception as e:
+                    raise CheckpointError(f"{path}: tensor {key!r} cannot be read (truncated or corrupted "
+                                          f"file?): {e}") from e
+            yield path, key, load
 
 
 def text_param_name(key: str, mc: ModelConfig) -> str | None:
