@@ -142,3 +142,18 @@ def test_engine_flag_keeps_the_table_on_the_device_and_the_startup_line_states_t
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     out = [e.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids for e in (eng, eng2)]
     assert all(len(o) == 4 for o in out)
+
+
+def test_serve_flag_keeps_the_table_on_the_device(monkeypatch):
+    from yoco_rs.config import EngineConfig
+    from yoco_rs.serve.args import build_parser, engine_settings
+
+    for k in [k for k in os.environ if k.startswith("YOCO_SERVE_")]:
+        monkeypatch.delenv(k)
+    default = EngineConfig.from_kwargs("/ckpt", **engine_settings(build_parser().parse_args(["/ckpt"])))
+    flagged = EngineConfig.from_kwargs("/ckpt", **engine_settings(
+        build_parser().parse_args(["/ckpt", "--per-layer-embeddings-on-device"])))
+    assert default.per_layer_embeddings_on_device is False and default.dtype == "auto"
+    assert flagged.per_layer_embeddings_on_device is True
+    with pytest.raises(ValueError, match="per_layer_embeddings_on_device"):
+        EngineConfig(per_layer_embeddings_on_device="yes")
