@@ -35,7 +35,9 @@ class EngineConfig:
     tokenizer: Optional[str] = None
     """Directory holding tokenizer.json / tokenizer_config.json; None: the model directory."""
     dtype: str = "auto"
-    """auto | float32 | bfloat16 | float16. auto: bfloat16 on CUDA, float32 on CPU."""
+    """auto | float32 | bfloat16 | float16. auto: the checkpoint's ``torch_dtype`` (vLLM's rule): a bfloat16
+    checkpoint runs in bfloat16 everywhere; a float32 one in bfloat16 on CUDA (float16 where bfloat16 is
+    unsupported) and in float32 on the CPU; a float16 one in float16 on CUDA, bfloat16 on the CPU."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N. auto: cuda when available."""
     seed: int = 0
@@ -69,6 +71,10 @@ class EngineConfig:
     """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+    per_layer_embeddings_on_device: bool = False
+    """Gemma 3n: keep the per-layer embedding table (2.0B of E2B's 4.4B parameters, one row read per token
+    and layer) in device memory. False: it stays in host memory, memory-mapped from the checkpoint, and each
+    step's rows are gathered on the host and copied in."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -105,7 +111,8 @@ class EngineConfig:
             if self.block_size is not None and self.block_size % s:
                 divisors = [d for d in range(1, self.block_size + 1) if self.block_size % d == 0]
                 raise _err("sub_block_size", f"a divisor of block_size={self.block_size} ({divisors})", s)
-        for name in ("enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager", "enable_kv_events"):
+        for name in ("enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager", "enable_kv_events",
+                     "per_layer_embeddings_on_device"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, "a bool", getattr(self, name))
         m = self.kv_cache_memory

@@ -96,7 +96,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     tokenizer = Tokenizer(os.path.expanduser(cfg.tokenizer) if cfg.tokenizer else model_dir)
     device = resolve_device(cfg.device)
     cuda = device.type == "cuda"
-    dtype = None if cfg.dtype == "auto" else cfg.dtype
+    dtype = cfg.dtype  # "auto": the checkpoint's torch_dtype (executor.auto_dtype)
     if cfg.dtype == "float16" and not cuda:
         raise ValueError("dtype='float16' is not supported on the CPU; use float32 (or bfloat16)")
     from yoco_rs.kernels.backend import select_backend
@@ -104,7 +104,8 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     # Triton kernels on CUDA, the torch reference elsewhere (YOCO_ATTENTION_BACKEND overrides).
     executor = Executor.from_pretrained(model_dir, dtype=dtype, device=device,
                                         kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
-                                        attn_backend=select_backend(device))
+                                        attn_backend=select_backend(device),
+                                        per_layer_embeddings_on_host=not cfg.per_layer_embeddings_on_device)
     args = executor.args
 
     block_size = cfg.block_size or (64 if cuda else 16)
@@ -188,8 +189,24 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
+    log.info(memory_line(executor, cfg.dtype))
     return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
                    num_blocks, capacity, memory_split)
 
 
-__all__ = ["Runtime", "build_runtime", "plan_kv_pool", "resolve_device", "resolve_model_dir"]
+def memory_line(executor, requested_dtype: str) -> str:
+    """The startup line naming the dtype (and where it came from) and the memory split."""
+    mc = executor.model_config
+    declared = mc.checkpoint_dtype if mc is not None else None
+    dtype = str(executor.dtype).removeprefix("torch.")
+    why = (f"auto from the checkpoint's {declared}" if declared else "auto, no dtype in config.json") \
+        if requested_dtype == "auto" else "requested"
+    m = executor.memory_split()
+    gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+    host = (f"; weights in host memory {gib(m['weights_host'])} (per-layer embeddings, memory-mapped)"
+            if m["weights_host"] else "")
+    return (f"yoco-rs memory: dtype {dtype} ({why}); weights on {executor.device} {gib(m['weights_device'])}"
+            f"{host}; KV cache {gib(m['kv_cache'])}")
+
+
+__all__ = ["Runtime", "build_runtime", "memory_line", "plan_kv_pool", "resolve_device", "resolve_model_dir"]

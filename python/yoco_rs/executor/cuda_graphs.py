@@ -187,6 +187,9 @@ class CudaGraphRunner:
         self.x_pos = torch.zeros(x_max, **i64)
         self.x_seq = torch.zeros(x_max, **i32)
         self.x_tables = [torch.zeros(x_max, width, **i32) for _ in range(g)]
+        reserve = getattr(self.model, "reserve_per_layer_inputs", None)
+        if reserve is not None:  # host-resident per-layer embeddings: a fixed staging buffer the graphs read
+            reserve(t_max)
         self.x_hidden: torch.Tensor | None = None  # allocated on first use (shape from the model)
         self.x_ple: torch.Tensor | None = None
         # One float32 logits output shared by every cross graph (each writes its first rows): graphs
@@ -305,6 +308,9 @@ class CudaGraphRunner:
             b = dataclasses.replace(b, slot_mapping=b.slot_mapping.view(len(self.kv_caches), -1))
         if r > self.cfg.max_num_seqs:
             raise ValueError(f"batch has {r} rows but the graph runner was built for max_num_seqs={self.cfg.max_num_seqs}")
+        stage = getattr(self.model, "stage_per_layer_inputs", None)
+        if stage is not None:  # the step's per-layer embedding rows, gathered on the host, copied in async
+            stage(b.input_ids[:t])
         c = self.cfg
         decode = t == r
         tb = pick_bucket(t, c.decode_sizes if decode else c.token_sizes)

@@ -78,20 +78,37 @@ def default_device() -> torch.device:
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """float32 on CPU (exactness, speed of CPU fp32 GEMMs), bfloat16 on GPU."""
+    """For a checkpoint that declares no dtype: float32 on CPU (exactness, speed of CPU fp32 GEMMs),
+    bfloat16 on GPU."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def _dtype(d: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    if d is None:
-        return default_dtype(device)
+_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def auto_dtype(checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    """``dtype="auto"``: the checkpoint's ``torch_dtype``, as vLLM resolves it. A 16-bit checkpoint keeps
+    its dtype (float16 becomes bfloat16 on the CPU, which has no float16 path); a float32 checkpoint (or
+    none declared) runs in bfloat16 on CUDA (float16 where bfloat16 is unsupported) and stays float32 on
+    the CPU, where float32 is the exact reference path and bfloat16 buys memory, not speed."""
+    declared = _NAMES.get(checkpoint_dtype or "float32", torch.float32)
+    if device.type == "cuda":
+        if declared == torch.float32:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return declared
+    return torch.bfloat16 if declared in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _dtype(d: torch.dtype | str | None, device: torch.device, checkpoint_dtype: str | None = None) -> torch.dtype:
+    """The model dtype for a requested one (None / "auto": :func:`auto_dtype` of the checkpoint's)."""
+    if d is None or d == "auto":
+        return auto_dtype(checkpoint_dtype, device)
     if isinstance(d, torch.dtype):
         return d
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "auto": default_dtype(device)}
-    if d not in table:
-        raise ValueError(f"dtype={d!r}: allowed are {sorted(table)}")
-    return table[d]
+    if d not in _NAMES:
+        raise ValueError(f"dtype={d!r}: allowed are {sorted(_NAMES) + ['auto']}")
+    return _NAMES[d]
 
 
 @dataclass
@@ -135,13 +152,14 @@ class Executor:
     def from_pretrained(cls, model_dir: str | os.PathLike, *, dtype: torch.dtype | str | None = None,
                         device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
                         attn_backend: str | AttentionBackend | None = None, progress: bool = True,
-                        min_rows: int | None = None) -> "Executor":
+                        min_rows: int | None = None, per_layer_embeddings_on_host: bool = True) -> "Executor":
         """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
-        layout). ``dtype`` defaults to float32 on CPU and bfloat16 on GPU."""
+        layout). ``dtype`` None or "auto": the checkpoint's (:func:`auto_dtype`). The per-layer embedding
+        table stays memory-mapped in host memory unless ``per_layer_embeddings_on_host=False``."""
         dev = torch.device(device) if device is not None else default_device()
         mc = load_config(model_dir)
-        dt = _dtype(dtype, dev)
-        model = Gemma3nModel(mc.text, dtype=dt, device=dev)
+        dt = _dtype(dtype, dev, mc.checkpoint_dtype)
+        model = Gemma3nModel(mc.text, dtype=dt, device=dev, per_layer_embeddings_on_host=per_layer_embeddings_on_host)
         load_checkpoint(model, mc, model_dir, progress=progress)
         return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
                    min_rows=min_rows)
@@ -151,11 +169,12 @@ class Executor:
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         kv_sharing_fast_prefill: bool = True,
                         attn_backend: str | AttentionBackend | None = None,
-                        min_rows: int | None = None) -> "Executor":
+                        min_rows: int | None = None, per_layer_embeddings_on_host: bool = False) -> "Executor":
         """From a ``config.json``-style dict and a state dict with checkpoint key names (tests)."""
         dev = torch.device(device) if device is not None else default_device()
         mc = parse_config(config)
-        model = Gemma3nModel(mc.text, dtype=_dtype(dtype, dev), device=dev)
+        model = Gemma3nModel(mc.text, dtype=_dtype(dtype, dev, mc.checkpoint_dtype), device=dev,
+                             per_layer_embeddings_on_host=per_layer_embeddings_on_host)
         load_state_dict(model, mc, state_dict)
         return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
                    min_rows=min_rows)
@@ -191,6 +210,13 @@ class Executor:
         self.kv_caches = allocate_kv(self._specs, num_blocks_per_group, block_size, self.device)
         self.block_size = block_size
         return self.kv_caches
+
+    def memory_split(self) -> dict[str, int]:
+        """Bytes of weights on the device, of weights in host memory (the memory-mapped per-layer embedding
+        table, if kept there), and of the KV cache (what the startup line reports)."""
+        dev, host = self.model.weight_bytes()
+        kv = sum(t.numel() * t.element_size() for t in self.kv_caches)
+        return {"weights_device": dev, "weights_host": host, "kv_cache": kv}
 
     # ---- one step ------------------------------------------------------------------------------------------------
 
@@ -230,6 +256,8 @@ class Executor:
         qsl_cpu, sl_cpu = b.query_start_loc.cpu(), b.seq_lens.cpu()
         qsl, sl = self._to_dev(b.query_start_loc), self._to_dev(b.seq_lens)
         tables = [self._to_dev(t) for t in b.block_tables]
+        if self.device.type != "cpu":  # host-resident per-layer embeddings: this step's rows, copied in async
+            self.model.stage_per_layer_inputs(b.input_ids)
         ids, pos = self._to_dev(b.input_ids), self._to_dev(b.positions).to(torch.int64)
         slots = self._to_dev(slot_mapping).to(torch.int64)
         cidx = self._to_dev(b.cross_indices).to(torch.int64)

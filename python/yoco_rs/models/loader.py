@@ -9,7 +9,9 @@ Accepted layouts:
 * with or without the K/V projections of KV-sharing layers (Google's files ship them, transformers' do
   not; they are never used and are skipped). ``lm_head.weight`` is skipped when the head is tied.
 
-Tensors are converted to the model dtype on load. Every error names the file and, where it applies, the
+Tensors are converted to the model dtype on load, except the per-layer embedding table of a model that
+keeps it on the host (``Gemma3nModel.per_layer_embeddings_on_host``): that one is memory-mapped from its
+file as stored (rows are cast when gathered), so loading neither reads nor copies its 2.0B parameters. Every error names the file and, where it applies, the
 tensor: a missing file, a pickle-only directory, an unknown architecture, a shape mismatch, a missing
 tensor, a truncated or corrupted file.
 """
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+HOST_TABLE = "embed_tokens_per_layer.weight"
 _SHARED_KV = re.compile(r"^layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.")
 
 
@@ -75,14 +78,18 @@ def iter_safetensors(files: Iterable[str]) -> Iterator[tuple[str, str, "callable
                 f"{path} ({size:,} bytes) is not a readable safetensors file; it is truncated or corrupted "
                 f"(re-download or re-save it): {e}") from e
         with handle as f:
-            for key in f.keys():
-                def load(f=f, key=key, path=path):
-                    try:
+            keys = list(f.keys())
+        for key in keys:
+            # each tensor through its own short-lived map: the pages read leave this process's RSS once
+            # the tensor is copied (one long-lived map would keep a whole shard resident while loading)
+            def load(key=key, path=path):
+                try:
+                    with safe_open(path, framework="pt", device="cpu") as f:
                         return f.get_tensor(key)
-                    except Exception as e:
-                        raise CheckpointError(f"{path}: tensor {key!r} cannot be read (truncated or corrupted "
-                                              f"file?): {e}") from e
-                yield path, key, load
+                except Exception as e:
+                    raise CheckpointError(f"{path}: tensor {key!r} cannot be read (truncated or corrupted "
+                                          f"file?): {e}") from e
+            yield path, key, load
 
 
 def text_param_name(key: str, mc: ModelConfig) -> str | None:
@@ -119,6 +126,10 @@ def load_weights(model: nn.Module, mc: ModelConfig, tensors: Iterable[tuple[str,
                 if not known and not any(key.startswith(s) for s in mc.skip_prefixes):
                     unexpected.append(key)
                 continue
+            if name == HOST_TABLE and getattr(model, "per_layer_embeddings_on_host", False):
+                _attach_host_table(model, mc, path, key, load)
+                loaded.add(name)
+                continue
             p = params.get(name)
             if p is None:
                 unexpected.append(key)
@@ -136,6 +147,8 @@ def load_weights(model: nn.Module, mc: ModelConfig, tensors: Iterable[tuple[str,
     finally:
         if bar is not None:
             bar.close()
+    if getattr(model, "per_layer_embeddings_on_host", False) and HOST_TABLE not in loaded:
+        raise CheckpointError(f"checkpoint lacks the tensor {mc.weight_prefix}{HOST_TABLE} the model needs")
     missing = [n for n in params if n not in loaded]
     if missing:
         shown = ", ".join(mc.weight_prefix + n for n in missing[:8])
@@ -144,6 +157,26 @@ def load_weights(model: nn.Module, mc: ModelConfig, tensors: Iterable[tuple[str,
     if unexpected:
         log.warning("ignored %d unexpected tensor(s): %s%s", len(unexpected), ", ".join(unexpected[:8]),
                     " ..." if len(unexpected) > 8 else "")
+
+
+def _attach_host_table(model: nn.Module, mc: ModelConfig, path: str, key: str, load) -> None:
+    """The per-layer embedding table, mapped from ``path`` when it is a safetensors file (else ``load()``)."""
+    from yoco_rs.models.gemma3n.ple_host import mmap_safetensors
+
+    table = None
+    if os.path.isfile(path):
+        try:
+            table = mmap_safetensors(path, key)
+        except (KeyError, ValueError, OSError) as e:
+            raise CheckpointError(f"{path}: tensor {key!r} cannot be mapped (truncated or corrupted file?): {e}") from e
+    else:
+        table = load()
+    if not table.is_floating_point():
+        raise CheckpointError(f"{path}: tensor {key!r} has dtype {table.dtype}; expected a floating type")
+    try:
+        model.embed_tokens_per_layer.attach(table)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: tensor {key!r}: {e} ({mc.architecture} config.json)") from e
 
 
 def count_tensors(files: Iterable[str]) -> int | None:

@@ -141,7 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add("--tokenizer", help="tokenizer directory (default: the model directory)")
     p.add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-          help="weight and activation dtype; auto: bfloat16 on CUDA, float32 on CPU")
+          help="weight and activation dtype; auto: the checkpoint's torch_dtype (a float32 checkpoint runs in "
+               "bfloat16 on CUDA, float32 on CPU)")
+    p.add("--per-layer-embeddings-on-device", action="store_true",
+          help="keep Gemma 3n's per-layer embedding table (2.0B of E2B's parameters) in device memory instead "
+               "of memory-mapped in host memory")
     p.add("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add("--seed", type=int, default=0, help="engine seed; requests without their own seed derive one from it")
     p.add("--max-model-len", type=_pos_int,
@@ -190,7 +194,8 @@ def _add_hardening_flags(p: _Parser) -> None:
 #: CLI dest -> EngineConfig field, for the flags that are engine settings.
 ENGINE_FLAGS = ("tokenizer", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "sub_block_size", "enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager",
-                "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs")
+                "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs",
+                "per_layer_embeddings_on_device")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

@@ -239,6 +239,17 @@ class ModelConfig:
     skip_prefixes: tuple[str, ...]
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def checkpoint_dtype(self) -> str | None:
+        """The checkpoint's declared dtype (``torch_dtype``, or ``dtype`` as transformers 5 writes it; the
+        text config's when the top level has none), e.g. ``"bfloat16"``; None when undeclared."""
+        for d in (self.raw, self.raw.get("text_config") or {}):
+            for k in ("torch_dtype", "dtype"):
+                v = d.get(k) if isinstance(d, dict) else None
+                if isinstance(v, str) and v:
+                    return v.removeprefix("torch.")
+        return None
+
 
 def parse_config(d: dict[str, Any]) -> ModelConfig:
     """Parses a whole ``config.json`` dict: text-only (``Gemma3nForCausalLM``, ``model_type`` ``gemma3n_text``)

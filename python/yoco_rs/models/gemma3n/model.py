@@ -32,6 +32,7 @@ from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, kv_groups, kv_slices
 from yoco_rs.models.gemma3n.layer import AttnContext, DecoderLayer, Linear, RMSNorm, _empty
 from yoco_rs.models.gemma3n.ops import magnitude_match, rms, rope_cos_sin, rope_inv_freq
+from yoco_rs.models.gemma3n.ple_host import HostPerLayerEmbedding
 
 
 class Embedding(nn.Module):
@@ -47,14 +48,18 @@ class Embedding(nn.Module):
 
 class Gemma3nModel(nn.Module):
     def __init__(self, args: Gemma3nTextArgs, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, per_layer_embeddings_on_host: bool = False):
+        """``per_layer_embeddings_on_host``: the per-layer embedding table is no parameter of the model but a
+        host table attached at load (:class:`HostPerLayerEmbedding`, memory-mapped from the checkpoint)."""
         super().__init__()
         self.args = args
         self.dtype = dtype
         h, n, p = args.hidden_size, args.num_hidden_layers, args.hidden_size_per_layer_input
         kw = dict(dtype=dtype, device=device)
         self.embed_tokens = Embedding(args.vocab_size, h, h**0.5, **kw)
-        self.embed_tokens_per_layer = Embedding(args.vocab_size_per_layer_input, n * p, p**0.5, **kw)
+        ple = HostPerLayerEmbedding if per_layer_embeddings_on_host else Embedding
+        self.embed_tokens_per_layer = ple(args.vocab_size_per_layer_input, n * p, p**0.5, **kw)
+        self.per_layer_embeddings_on_host = per_layer_embeddings_on_host
         self.per_layer_model_projection = Linear(h, n * p, **kw)
         self.per_layer_projection_norm = RMSNorm(p, args.rms_norm_eps, **kw)
         self.altup_projections = nn.ModuleList([Linear(h, h, **kw) for _ in range(1, args.altup_num_inputs)])
@@ -73,6 +78,25 @@ class Gemma3nModel(nn.Module):
         self.groups = kv_groups(args)
         self.kv_slices = kv_slices(args)
         self.first_shared = args.first_shared
+
+    # ---- the host-resident per-layer embedding table ------------------------------------------------------
+
+    def stage_per_layer_inputs(self, input_ids_host: torch.Tensor) -> None:
+        """Before a forward on a non-CPU device with a host table: gather the step's per-layer embedding
+        rows and copy them in asynchronously (what a replayed CUDA graph reads). A no-op otherwise."""
+        if self.per_layer_embeddings_on_host:
+            self.embed_tokens_per_layer.stage(input_ids_host)
+
+    def reserve_per_layer_inputs(self, rows: int) -> None:
+        """Fixes the device staging buffer at ``rows`` tokens (before capturing CUDA graphs)."""
+        if self.per_layer_embeddings_on_host:
+            self.embed_tokens_per_layer.reserve(rows)
+
+    def weight_bytes(self) -> tuple[int, int]:
+        """``(on the device, in host memory)``: parameter bytes, and the host-resident table's."""
+        dev = sum(p.numel() * p.element_size() for p in self.parameters())
+        host = self.embed_tokens_per_layer.host_bytes() if self.per_layer_embeddings_on_host else 0
+        return dev, host
 
     # ---- pieces -----------------------------------------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""Real-size Gemma 3n E2B on the CPU, yoco-rs and transformers side by side in one run.
+
+Per dtype (bfloat16, float32), each in a fresh process, one after the other (never two models in memory):
+transformers (``Gemma3nForCausalLM``, eager attention; its per-layer table memory-mapped, see
+``tests/e2b_runs.py``), yoco-rs with fast prefill on, yoco-rs with fast prefill off (prefill only). Each
+reports load time, peak RSS, decode ms per step at 1 and 8 streams (32-token prompts, equal lengths so
+transformers batches 8 without padding; ``generate`` of 1 + S tokens minus that of 1 token, over S) and
+one 600-token prefill (``generate`` of one token); yoco-rs also saves the prefill's last-token logits, so
+the run prints how far fast prefill on and off differ at this size.
+
+    .venv/bin/python benches/e2b_cpu.py [--model DIR] [--decode-steps 8] [--dtypes bfloat16,float32]
+
+Without ``--model`` it first writes the checkpoint (``tests/e2b_checkpoint.py``, 8.8 GB) to a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests")
+sys.path.insert(0, TESTS)
+
+
+def run(*args: str) -> dict:
+    cmd = [sys.executable, os.path.join(TESTS, "e2b_runs.py"), *args]
+    print("+", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-3000:])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(json.dumps(out), file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--decode-steps", type=int, default=8)
+    ap.add_argument("--prefill", type=int, default=600)
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    a = ap.parse_args()
+    model = a.model
+    if model is None:
+        from e2b_checkpoint import build
+
+        model = build(tempfile.mkdtemp(prefix="e2b-"))
+    rows, tmp = [], tempfile.mkdtemp(prefix="e2b-logits-")
+    with open("/proc/loadavg") as f:
+        load0 = f.read().split()[0]
+    for dt in a.dtypes.split(","):
+        speed = ["--dtype", dt, "--speed", "--decode-steps", str(a.decode_steps), "--prefill", str(a.prefill)]
+        hf = run("hf", model, *speed)
+        on = run("yoco", model, *speed, "--save-logits", os.path.join(tmp, f"on-{dt}.pt"))
+        off = run("yoco", model, *speed, "--no-decode", "--fast", "off", "--save-logits", os.path.join(tmp, f"off-{dt}.pt"))
+        diff = (torch.load(os.path.join(tmp, f"on-{dt}.pt")) - torch.load(os.path.join(tmp, f"off-{dt}.pt"))).abs().max()
+        rows.append((dt, hf, on, off, float(diff)))
+    with open("/proc/loadavg") as f:
+        load1 = f.read().split()[0]
+    p = a.prefill
+    print(f"\n{datetime.date.today()}, load average {load0} -> {load1}, torch threads 1 per process\n")
+    print(f"| dtype | impl | load s | peak RSS GiB | decode ms/step, 1 stream | 8 streams (ms/step) | "
+          f"{p}-token prefill s |")
+    print("|---|---|---|---|---|---|---|")
+    for dt, hf, on, off, diff in rows:
+        for name, r in (("transformers", hf), ("yoco-rs, fast prefill on", on), ("yoco-rs, fast prefill off", off)):
+            d1 = r.get("decode_ms_per_step_1")
+            d8 = r.get("decode_ms_per_step_8")
+            print(f"| {dt} | {name} | {r['load_s']:.1f} | {r['peak_rss_gib']:.2f} | "
+                  f"{'' if d1 is None else f'{d1:.0f}'} | {'' if d8 is None else f'{d8:.0f}'} | "
+                  f"{r[f'prefill_{p}_s']:.2f} |")
+        print(f"| {dt} | ratios | load {hf['load_s'] / on['load_s']:.2f}x faster | "
+              f"RSS {on['peak_rss_gib'] / hf['peak_rss_gib']:.2f}x | "
+              f"1 stream {hf['decode_ms_per_step_1'] / on['decode_ms_per_step_1']:.2f}x | "
+              f"8 streams {hf['decode_ms_per_step_8'] / on['decode_ms_per_step_8']:.2f}x | "
+              f"fast on/off {on[f'prefill_{p}_s'] / off[f'prefill_{p}_s']:.2f}; vs transformers "
+              f"{hf[f'prefill_{p}_s'] / on[f'prefill_{p}_s']:.2f}x |")
+        print(f"\n{dt}: last-token logits of the {p}-token prefill, fast prefill on vs off: max |diff| {diff:.2e}\n")
+
+
+if __name__ == "__main__":
+    main()
