@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("fcfs", "priority")
@@ -69,6 +69,9 @@ class EngineConfig:
     """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+    kv_events_config: Optional[Any] = None
+    """Publish KV events over ZMQ in vLLM's wire format: vLLM's ``KVEventsConfig`` keys as a dict or JSON
+    string (``yoco_rs.kv_events``). Parsed into a ``KVEventsConfig`` at construction."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -124,6 +127,9 @@ class EngineConfig:
             raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
             raise _err("max_logprobs", "an integer >= 0", self.max_logprobs)
+        from yoco_rs.kv_events import KVEventsConfig
+
+        self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
 
     @classmethod
     def from_kwargs(cls, model=None, **kwargs) -> "EngineConfig":
