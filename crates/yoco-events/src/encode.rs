@@ -31,7 +31,9 @@ impl std::str::FromStr for Encoding {
         match s {
             "array" => Ok(Encoding::Array),
             "map" => Ok(Encoding::Map),
-            _ => Err(format!("kv-events encoding must be 'array' or 'map', got {s:?}")),
+            _ => Err(format!(
+                "kv-events encoding must be 'array' or 'map', got {s:?}"
+            )),
         }
     }
 }

@@ -119,7 +119,10 @@ mod tests {
         assert_eq!(enc(|w| w.uint(0x80)), [0xcc, 0x80]);
         assert_eq!(enc(|w| w.uint(0x100)), [0xcd, 1, 0]);
         assert_eq!(enc(|w| w.uint(0x1_0000)), [0xce, 0, 1, 0, 0]);
-        assert_eq!(enc(|w| w.uint(u64::MAX)), [0xcf, 255, 255, 255, 255, 255, 255, 255, 255]);
+        assert_eq!(
+            enc(|w| w.uint(u64::MAX)),
+            [0xcf, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
         assert_eq!(enc(|w| w.int(-1)), [0xff]);
         assert_eq!(enc(|w| w.int(-33)), [0xd0, 0xdf]);
         assert_eq!(enc(|w| w.int(-129)), [0xd1, 0xff, 0x7f]);

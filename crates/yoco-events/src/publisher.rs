@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::runtime::Runtime;
-use tokio::sync::mpsc;
 use yoco_core::kv::KvEvent;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -59,10 +58,25 @@ struct Job {
     events: Vec<KvEvent>,
 }
 
+/// How often the publisher thread looks at the queue. Polling instead of a wake-up per batch keeps
+/// the step thread's cost to one uncontended lock and push (no syscall); 1 ms of added latency is
+/// nothing to a router.
+const POLL: Duration = Duration::from_millis(1);
+
+/// The queue between the step loop and the publisher thread (bounded by `max_queue_size`).
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    capacity: usize,
+    /// Set by `shutdown`: the drain task sends what is left and stops.
+    closed: std::sync::atomic::AtomicBool,
+    /// Set by the drain task once it has sent everything and closed the socket.
+    finished: std::sync::atomic::AtomicBool,
+}
+
 /// A running publisher. Dropping it flushes the queue (bounded by a short timeout) and closes
 /// the sockets.
 pub struct Publisher {
-    tx: Option<mpsc::Sender<Job>>,
+    queue: Arc<Queue>,
     regrain: Regrain,
     stats: Arc<PublisherStats>,
     runtime: Option<Runtime>,
@@ -74,7 +88,9 @@ pub struct Publisher {
 /// vLLM's rule: bind when the endpoint names a wildcard or a local transport, connect otherwise (so
 /// a central indexer can bind and engines connect to it).
 pub fn binds(endpoint: &str) -> bool {
-    ["*", "::", "ipc://", "inproc://"].iter().any(|p| endpoint.contains(p))
+    ["*", "::", "ipc://", "inproc://"]
+        .iter()
+        .any(|p| endpoint.contains(p))
 }
 
 /// `tcp://*:5557` as the socket library spells a wildcard bind.
@@ -101,16 +117,30 @@ impl Publisher {
             .enable_all()
             .build()?;
         let (pub_socket, replay) = runtime.block_on(open_sockets(&cfg))?;
-        let (tx, rx) = mpsc::channel(cfg.max_queue_size.max(1));
+        let queue = Arc::new(Queue {
+            jobs: Mutex::new(VecDeque::new()),
+            capacity: cfg.max_queue_size.max(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            finished: std::sync::atomic::AtomicBool::new(false),
+        });
         let stats = Arc::new(PublisherStats::default());
-        let buffer = Arc::new(Mutex::new(VecDeque::with_capacity(cfg.buffer_steps.min(1 << 16))));
+        let buffer = Arc::new(Mutex::new(VecDeque::with_capacity(
+            cfg.buffer_steps.min(1 << 16),
+        )));
         if let Some(router) = replay {
             runtime.spawn(serve_replay(router, buffer.clone()));
         }
         let endpoint = cfg.endpoint.clone();
-        runtime.spawn(drain(rx, pub_socket, buffer, regrain.clone(), cfg, stats.clone()));
+        runtime.spawn(drain(
+            queue.clone(),
+            pub_socket,
+            buffer,
+            regrain.clone(),
+            cfg,
+            stats.clone(),
+        ));
         Ok(Publisher {
-            tx: Some(tx),
+            queue,
             regrain,
             stats,
             runtime: Some(runtime),
@@ -128,13 +158,17 @@ impl Publisher {
         if self.resync && events.first() != Some(&KvEvent::AllCleared) {
             events.insert(0, KvEvent::AllCleared);
         }
-        let Some(tx) = &self.tx else { return };
-        match tx.try_send(Job { ts: now(), events }) {
-            Ok(()) => self.resync = false,
-            Err(_) => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                self.resync = true;
-            }
+        if self.queue.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs.len() < self.queue.capacity {
+            jobs.push_back(Job { ts: now(), events });
+            self.resync = false;
+        } else {
+            drop(jobs);
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            self.resync = true;
         }
     }
 
@@ -158,10 +192,10 @@ impl Publisher {
 
     /// Sends what is queued (waiting at most `timeout`), then closes the sockets.
     pub fn shutdown(&mut self, timeout: Duration) {
-        self.tx = None; // the drain task ends once the queue is empty
+        self.queue.closed.store(true, Ordering::Relaxed); // the drain task ends once the queue is empty
         if let Some(rt) = self.runtime.take() {
             let deadline = std::time::Instant::now() + timeout;
-            while rt.metrics().num_alive_tasks() > 1 && std::time::Instant::now() < deadline {
+            while !self.queue.finished.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
             rt.shutdown_timeout(Duration::from_millis(100));
@@ -175,7 +209,9 @@ impl Drop for Publisher {
     }
 }
 
-async fn open_sockets(cfg: &PublisherConfig) -> Result<(PubSocket, Option<RouterSocket>), StartError> {
+async fn open_sockets(
+    cfg: &PublisherConfig,
+) -> Result<(PubSocket, Option<RouterSocket>), StartError> {
     let mut pub_socket = PubSocket::new();
     let endpoint = cfg.endpoint.as_str();
     if binds(endpoint) {
@@ -218,7 +254,7 @@ async fn open_sockets(cfg: &PublisherConfig) -> Result<(PubSocket, Option<Router
 type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
 async fn drain(
-    mut rx: mpsc::Receiver<Job>,
+    queue: Arc<Queue>,
     mut socket: PubSocket,
     buffer: ReplayBuffer,
     regrain: Regrain,
@@ -228,49 +264,68 @@ async fn drain(
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut seq: u64 = 0;
     let mut wire: Vec<WireEvent> = Vec::new();
-    while let Some(job) = rx.recv().await {
-        wire.clear();
-        for e in &job.events {
-            regrain.convert(e, &mut wire);
-        }
-        if wire.is_empty() {
+    let mut batch: VecDeque<Job> = VecDeque::new();
+    loop {
+        std::mem::swap(
+            &mut batch,
+            &mut *queue.jobs.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        if batch.is_empty() {
+            if queue.closed.load(Ordering::Relaxed) {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
             continue;
         }
-        let payload = Bytes::from(encode_batch(
-            job.ts,
-            &wire,
-            cfg.data_parallel_rank,
-            cfg.encoding,
-            &cfg.medium,
-        ));
-        let mut msg = ZmqMessage::from(topic.clone());
-        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
-        msg.push_back(payload.clone());
-        match socket.send(msg).await {
-            Ok(()) => stats.published.fetch_add(1, Ordering::Relaxed),
-            Err(_) => stats.send_errors.fetch_add(1, Ordering::Relaxed),
-        };
-        if cfg.buffer_steps > 0 {
-            let mut buf = buffer.lock().unwrap_or_else(|p| p.into_inner());
-            if buf.len() == cfg.buffer_steps {
-                buf.pop_front();
+        for job in batch.drain(..) {
+            wire.clear();
+            for e in &job.events {
+                regrain.convert(e, &mut wire);
             }
-            buf.push_back((seq, payload));
+            if wire.is_empty() {
+                continue;
+            }
+            let payload = Bytes::from(encode_batch(
+                job.ts,
+                &wire,
+                cfg.data_parallel_rank,
+                cfg.encoding,
+                &cfg.medium,
+            ));
+            let mut msg = ZmqMessage::from(topic.clone());
+            msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+            msg.push_back(payload.clone());
+            match socket.send(msg).await {
+                Ok(()) => stats.published.fetch_add(1, Ordering::Relaxed),
+                Err(_) => stats.send_errors.fetch_add(1, Ordering::Relaxed),
+            };
+            if cfg.buffer_steps > 0 {
+                let mut buf = buffer.lock().unwrap_or_else(|p| p.into_inner());
+                if buf.len() == cfg.buffer_steps {
+                    buf.pop_front();
+                }
+                buf.push_back((seq, payload));
+            }
+            seq += 1;
         }
-        seq += 1;
     }
     socket.close().await;
+    queue.finished.store(true, Ordering::Release);
 }
 
 /// vLLM's replay protocol: a REQ (or DEALER) client sends its start `seq` as 8 big-endian bytes;
 /// the reply is `[seq, payload]` for every buffered batch from there on, then `[END_SEQ, b""]`.
 async fn serve_replay(mut router: RouterSocket, buffer: ReplayBuffer) {
     loop {
-        let Ok(msg) = router.recv().await else { continue };
+        let Ok(msg) = router.recv().await else {
+            continue;
+        };
         let frames: Vec<Bytes> = msg.into_vec();
         // [identity, b"", start] from REQ (or DEALER with a delimiter).
         let (id, start) = match frames.as_slice() {
-            [id, empty, start] if empty.is_empty() && start.len() == 8 => (id.clone(), start.clone()),
+            [id, empty, start] if empty.is_empty() && start.len() == 8 => {
+                (id.clone(), start.clone())
+            }
             _ => continue,
         };
         let start = u64::from_be_bytes(start[..].try_into().expect("8 bytes"));
@@ -278,8 +333,13 @@ async fn serve_replay(mut router: RouterSocket, buffer: ReplayBuffer) {
             let buf = buffer.lock().unwrap_or_else(|p| p.into_inner());
             buf.iter().filter(|(s, _)| *s >= start).cloned().collect()
         };
-        for (s, payload) in batches.into_iter().map(|(s, p)| (Bytes::copy_from_slice(&s.to_be_bytes()), p))
-            .chain(std::iter::once((Bytes::from_static(&END_SEQ), Bytes::new())))
+        for (s, payload) in batches
+            .into_iter()
+            .map(|(s, p)| (Bytes::copy_from_slice(&s.to_be_bytes()), p))
+            .chain(std::iter::once((
+                Bytes::from_static(&END_SEQ),
+                Bytes::new(),
+            )))
         {
             let mut reply = ZmqMessage::from(id.clone());
             reply.push_back(Bytes::new());

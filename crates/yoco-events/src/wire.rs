@@ -60,7 +60,11 @@ pub fn derived_hash(h: u64, j: u32) -> u64 {
 
 impl Regrain {
     /// `group`: `Some(g)` publishes group `g` only, `None` every group (tagged with `group_idx`).
-    pub fn new(sub_block_size: u32, wire_block_size: u32, group: Option<u32>) -> Result<Self, GrainError> {
+    pub fn new(
+        sub_block_size: u32,
+        wire_block_size: u32,
+        group: Option<u32>,
+    ) -> Result<Self, GrainError> {
         if wire_block_size == 0 || sub_block_size == 0 || sub_block_size % wire_block_size != 0 {
             return Err(GrainError {
                 wire: wire_block_size,
@@ -82,7 +86,9 @@ impl Regrain {
     /// thread does not ship events the publisher would discard).
     pub fn wants(&self, event: &KvEvent) -> bool {
         match (event, self.group) {
-            (KvEvent::Stored { group, .. } | KvEvent::Removed { group, .. }, Some(g)) => *group == g,
+            (KvEvent::Stored { group, .. } | KvEvent::Removed { group, .. }, Some(g)) => {
+                *group == g
+            }
             _ => true,
         }
     }
@@ -180,17 +186,36 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((block_hashes.len(), block_size, token_ids.len()), (16, 16, 256));
+        assert_eq!(
+            (block_hashes.len(), block_size, token_ids.len()),
+            (16, 16, 256)
+        );
         assert_eq!(block_hashes[7], 100);
         assert_eq!(block_hashes[15], 200);
-        assert_eq!(parent_block_hash, Some(7), "the previous sub-block's hash is its last wire hash");
+        assert_eq!(
+            parent_block_hash,
+            Some(7),
+            "the previous sub-block's hash is its last wire hash"
+        );
         let mut uniq = block_hashes.clone();
         uniq.sort();
         uniq.dedup();
         assert_eq!(uniq.len(), 16);
         // Removing the sub-blocks names exactly the announced wire hashes.
-        r.convert(&KvEvent::Removed { group: 0, hashes: vec![200, 100] }, &mut out);
-        let WireEvent::BlockRemoved { block_hashes: removed, .. } = &out[1] else { panic!() };
+        r.convert(
+            &KvEvent::Removed {
+                group: 0,
+                hashes: vec![200, 100],
+            },
+            &mut out,
+        );
+        let WireEvent::BlockRemoved {
+            block_hashes: removed,
+            ..
+        } = &out[1]
+        else {
+            panic!()
+        };
         let (mut a, mut b) = (block_hashes.clone(), removed.clone());
         a.sort();
         b.sort();
@@ -202,16 +227,34 @@ mod tests {
         let r = Regrain::new(4, 4, Some(1)).unwrap();
         let mut out = Vec::new();
         r.convert(&stored(0, None, vec![1], 4), &mut out);
-        r.convert(&KvEvent::Removed { group: 0, hashes: vec![1] }, &mut out);
+        r.convert(
+            &KvEvent::Removed {
+                group: 0,
+                hashes: vec![1],
+            },
+            &mut out,
+        );
         assert!(out.is_empty());
         r.convert(&stored(1, None, vec![1], 4), &mut out);
         r.convert(&KvEvent::AllCleared, &mut out);
-        assert!(matches!(out[0], WireEvent::BlockStored { group_idx: None, .. }));
+        assert!(matches!(
+            out[0],
+            WireEvent::BlockStored {
+                group_idx: None,
+                ..
+            }
+        ));
         assert_eq!(out[1], WireEvent::AllBlocksCleared);
         let all = Regrain::new(4, 4, None).unwrap();
         out.clear();
         all.convert(&stored(3, None, vec![1], 4), &mut out);
-        assert!(matches!(out[0], WireEvent::BlockStored { group_idx: Some(3), .. }));
+        assert!(matches!(
+            out[0],
+            WireEvent::BlockStored {
+                group_idx: Some(3),
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -65,7 +65,13 @@ fn array_encoding_with_group_and_rank_matches_msgspec_bytes() {
 #[test]
 fn map_encoding_matches_msgspec_bytes() {
     assert_eq!(
-        hex(&encode_batch(1.5, &untagged_batch(), None, Encoding::Map, "GPU")),
+        hex(&encode_batch(
+            1.5,
+            &untagged_batch(),
+            None,
+            Encoding::Map,
+            "GPU"
+        )),
         "93cb3ff80000000000009388a474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573930\
          1cd012ccffedcba9876543210b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473960102\
          03040506aa626c6f636b5f73697a6502a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d\

@@ -8,7 +8,11 @@ use yoco_core::kv::KvEvent;
 use yoco_events::{Publisher, PublisherConfig};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn stored(i: u64) -> KvEvent {
@@ -33,11 +37,21 @@ fn a_full_queue_drops_batches_without_blocking_and_counts_them() {
         p.publish(vec![stored(i)]);
     }
     let per_call = t.elapsed() / n as u32;
-    assert!(per_call < Duration::from_micros(50), "publish blocked: {per_call:?} per call");
+    assert!(
+        per_call < Duration::from_micros(50),
+        "publish blocked: {per_call:?} per call"
+    );
     p.shutdown(Duration::from_secs(5));
     let (sent, dropped) = (p.published(), p.dropped());
-    assert!(dropped > 0, "a one-slot queue under a tight loop must overflow");
-    assert_eq!(sent + dropped, n, "every batch is sent or counted as dropped");
+    assert!(
+        dropped > 0,
+        "a one-slot queue under a tight loop must overflow"
+    );
+    assert_eq!(
+        sent + dropped,
+        n,
+        "every batch is sent or counted as dropped"
+    );
 }
 
 #[test]
