@@ -10,6 +10,7 @@ per request: 256 requests announce 16 wire blocks per step on average, as in a s
 server. Figures are mean step times, the median of the rounds.
 
     .venv/bin/python benches/kv_events_cost.py [--steps 2000] [--rounds 3] [--sub-block 16]
+    .venv/bin/python benches/kv_events_cost.py --engine [--steps 200] [--rounds 3]   (the whole engine step)
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sub-block", type=int, default=16)
+    ap.add_argument("--engine", action="store_true",
+                    help="time Engine.step() of the bundled CPU model at 256 running requests instead")
     a = ap.parse_args()
+    if a.engine:
+        return engine_main(min(a.steps, 200), a.rounds)
     res: dict[str, list[float]] = {"off": [], "log-only": [], "on": [], "on+subscriber": []}
     for r in range(a.rounds):
         for mode in res:
@@ -94,6 +99,39 @@ def main() -> None:
     for mode, v in res.items():
         m = statistics.median(v)
         print(f"{mode:14s} median of rounds {m:8.1f} us/step  ratio to off {m / off:.3f}")
+
+
+def engine_run(events: bool, steps: int, n: int = 256) -> float:
+    """Mean ``Engine.step()`` time (ms) of the bundled CPU model at ``n`` running decodes."""
+    from yoco_rs import Engine, SamplingParams
+
+    kw = dict(max_num_seqs=n, max_model_len=512, kv_cache_memory=512 << 20, seed=0)
+    if events:
+        kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "endpoint": f"tcp://*:{free_port()}", "encoding": "map"}
+    eng = Engine(None, **kw)
+    sp = SamplingParams(max_tokens=steps + 40, ignore_eos=True, temperature=0.0)
+    for i in range(n):
+        eng.add_request(str(i), list(range(100 + i % 16, 164 + 2 * (i % 8))), sp)
+    times = []
+    for k in range(steps + 20):
+        t = time.perf_counter_ns()
+        eng.step()
+        if k >= 20:
+            times.append(time.perf_counter_ns() - t)
+    eng.close()
+    return statistics.fmean(times) / 1e6
+
+
+def engine_main(steps: int, rounds: int) -> None:
+    res: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(rounds):
+        for ev in (False, True):
+            ms = engine_run(ev, steps)
+            res[ev].append(ms)
+            print(f"round {r} engine events {'on ' if ev else 'off'} mean step {ms:8.2f} ms", flush=True)
+    off, on = statistics.median(res[False]), statistics.median(res[True])
+    print(f"engine step, 256 running: off {off:.2f} ms, on {on:.2f} ms, ratio {on / off:.3f}")
 
 
 if __name__ == "__main__":
