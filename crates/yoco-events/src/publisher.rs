@@ -195,7 +195,9 @@ impl Publisher {
         self.queue.closed.store(true, Ordering::Relaxed); // the drain task ends once the queue is empty
         if let Some(rt) = self.runtime.take() {
             let deadline = std::time::Instant::now() + timeout;
-            while !self.queue.finished.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            while !self.queue.finished.load(Ordering::Acquire)
+                && std::time::Instant::now() < deadline
+            {
                 std::thread::sleep(Duration::from_millis(2));
             }
             rt.shutdown_timeout(Duration::from_millis(100));

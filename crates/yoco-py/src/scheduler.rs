@@ -278,7 +278,10 @@ impl Scheduler {
             .as_ref()
             .map_or((0, 0), |p| (p.published(), p.dropped()));
         d.set_item("kv_events_published", published)?;
-        d.set_item("kv_events_dropped", dropped + self.inner.kv_events_dropped())?;
+        d.set_item(
+            "kv_events_dropped",
+            dropped + self.inner.kv_events_dropped(),
+        )?;
         Ok(d)
     }
 
@@ -320,10 +323,14 @@ impl Scheduler {
         medium: String,
     ) -> PyResult<()> {
         if !self.inner.config().kv.enable_events {
-            return Err(PyValueError::new_err("start_kv_events needs Scheduler(enable_kv_events=True)"));
+            return Err(PyValueError::new_err(
+                "start_kv_events needs Scheduler(enable_kv_events=True)",
+            ));
         }
         if self.kv_publisher.is_some() {
-            return Err(PyRuntimeError::new_err("KV events are already being published"));
+            return Err(PyRuntimeError::new_err(
+                "KV events are already being published",
+            ));
         }
         let cfg = yoco_events::PublisherConfig {
             endpoint,
@@ -362,7 +369,11 @@ impl Scheduler {
         let (published, dropped, errors) = match &self.kv_publisher {
             Some(p) => {
                 let s = p.stats();
-                (s.published.load(Relaxed), s.dropped.load(Relaxed), s.send_errors.load(Relaxed))
+                (
+                    s.published.load(Relaxed),
+                    s.dropped.load(Relaxed),
+                    s.send_errors.load(Relaxed),
+                )
             }
             None => (0, 0, 0),
         };

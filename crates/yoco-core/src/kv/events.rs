@@ -178,7 +178,11 @@ mod tests {
         assert!(log.events.len() <= 21, "{}", log.events.len());
         assert!(log.dropped() > 900);
         let evs = log.take();
-        assert_eq!(evs[0], KvEvent::AllCleared, "an overflow is announced as a reset");
+        assert_eq!(
+            evs[0],
+            KvEvent::AllCleared,
+            "an overflow is announced as a reset"
+        );
         assert!(evs[1..].iter().all(|e| matches!(e, KvEvent::Stored { .. })));
         assert_eq!(log.pending_entries(), 0);
     }
