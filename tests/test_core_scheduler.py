@@ -117,7 +117,8 @@ def test_abort_between_schedule_and_update_is_skipped():
 def test_stats_report_queues_preemptions_and_every_kv_metric():
     s = small()
     keys = {"running", "waiting", "preemptions", "blocks_total", "blocks_free", "blocks_used", "blocks_cached",
-            "prefix_query_tokens", "prefix_hit_tokens", "copies", "copied_tokens", "adoptions"}
+            "prefix_query_tokens", "prefix_hit_tokens", "copies", "copied_tokens", "adoptions",
+            "kv_events_published", "kv_events_dropped"}
     assert set(s.stats()) == keys
     prompt = list(range(100, 140))
     s.add_request(1, prompt, max_tokens=1)

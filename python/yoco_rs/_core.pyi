@@ -6,7 +6,7 @@ Field meanings: ``crates/yoco-core/src/sched/plan.rs``.
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -188,6 +188,16 @@ class Scheduler:
         """running, waiting, preemptions, and every KV metric (blocks_total, blocks_free, ...)."""
     def take_kv_events(self) -> list[dict[str, Any]]: ...
     def reset_prefix_cache(self) -> bool: ...
+    def start_kv_events(
+        self, endpoint: str, *, replay_endpoint: Optional[str] = None, buffer_steps: int = 10000, hwm: int = 100000,
+        max_queue_size: int = 100000, topic: str = "", encoding: str = "array", block_size: int = 16,
+        group: Optional[int] = 0, data_parallel_rank: Optional[int] = None, medium: str = "GPU",
+    ) -> None:
+        """Publish KV events in vLLM's ZMQ wire format from now on (crates/yoco-events); needs
+        ``enable_kv_events=True``. ValueError for bad settings or an endpoint that cannot be bound."""
+    def stop_kv_events(self, timeout_s: float = 1.0) -> None: ...
+    def kv_events_stats(self) -> dict[str, int]:
+        """published, dropped (full queue), send_errors, log_dropped (the core's bounded log)."""
     def check_invariants(self) -> None:
         """Raises AssertionError naming the first broken invariant (tests; O(pool))."""
 

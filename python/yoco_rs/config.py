@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("fcfs", "priority")
@@ -75,6 +75,9 @@ class EngineConfig:
     """Gemma 3n: keep the per-layer embedding table (2.0B of E2B's 4.4B parameters, one row read per token
     and layer) in device memory. False: it stays in host memory, memory-mapped from the checkpoint, and each
     step's rows are gathered on the host and copied in."""
+    kv_events_config: Optional[Any] = None
+    """Publish KV events over ZMQ in vLLM's wire format: vLLM's ``KVEventsConfig`` keys as a dict or JSON
+    string (``yoco_rs.kv_events``). Parsed into a ``KVEventsConfig`` at construction."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -131,6 +134,9 @@ class EngineConfig:
             raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
             raise _err("max_logprobs", "an integer >= 0", self.max_logprobs)
+        from yoco_rs.kv_events import KVEventsConfig
+
+        self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
 
     @classmethod
     def from_kwargs(cls, model=None, **kwargs) -> "EngineConfig":

@@ -100,6 +100,8 @@ class EngineMetrics:
     kv_copies: int = 0  # yoco: sub-block copy-on-match operations
     kv_copied_tokens: int = 0
     kv_adoptions: int = 0  # yoco: partial blocks adopted instead of copied
+    kv_events_published: int = 0  # yoco: KV event batches sent (--kv-events-config)
+    kv_events_dropped: int = 0  # yoco: KV event batches/events dropped (publisher queue full, log overflow)
     # ---- histograms -----------------------------------------------------------------------------
     time_to_first_token: HistogramSnapshot | None = None  # vllm:time_to_first_token_seconds
     inter_token_latency: HistogramSnapshot | None = None  # vllm:inter_token_latency_seconds
@@ -157,6 +159,8 @@ class MetricsRecorder:
             kv_copies=int(s.get("copies", 0)),
             kv_copied_tokens=int(s.get("copied_tokens", 0)),
             kv_adoptions=int(s.get("adoptions", 0)),
+            kv_events_published=int(s.get("kv_events_published", 0)),
+            kv_events_dropped=int(s.get("kv_events_dropped", 0)),
             request_success=success,
             **counters,
             **hists,

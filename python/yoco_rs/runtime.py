@@ -177,7 +177,9 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
         executor.layer_kinds(), num_blocks=num_blocks, block_size=block_size, sub_block_size=sub_block,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, max_model_len=max_model_len,
         enable_prefix_caching=cfg.enable_prefix_caching, policy=cfg.scheduling_policy,
-        enable_kv_events=cfg.enable_kv_events)
+        enable_kv_events=cfg.enable_kv_events or (cfg.kv_events_config is not None and cfg.kv_events_config.active))
+    if cfg.kv_events_config is not None and cfg.kv_events_config.active:
+        cfg.kv_events_config.start(scheduler)
     sampler = Sampler(max_num_seqs, int(args.vocab_size), executor.device)
     text = _core.TextBatch(tokenizer.tokenizer_file)
     resolved = dataclasses.replace(

@@ -20,6 +20,20 @@ pub struct Scheduler {
     /// Buffers of dead plans and outcomes, reused by the next step.
     plan_bin: Bin<core::StepPlan>,
     outcome_bin: Bin<core::StepOutcome>,
+    /// KV-event publisher fed after every `update` (and reset), once `start_kv_events` ran.
+    kv_publisher: Option<yoco_events::Publisher>,
+}
+
+impl Scheduler {
+    /// Hands the events collected since the last call to the publisher, if one runs.
+    fn publish_kv_events(&mut self) {
+        if let Some(p) = &mut self.kv_publisher {
+            let events = self.inner.take_kv_events();
+            if !events.is_empty() {
+                p.publish(events);
+            }
+        }
+    }
 }
 
 fn finish_reason(code: u8) -> PyResult<FinishReason> {
@@ -93,6 +107,7 @@ impl Scheduler {
             inner,
             plan_bin: Bin::default(),
             outcome_bin: Bin::default(),
+            kv_publisher: None,
         })
     }
 
@@ -207,6 +222,7 @@ impl Scheduler {
             ));
         };
         res.map_err(to_py)?;
+        self.publish_kv_events();
         Ok(StepOutcome::new(
             self.inner.take_outcome(),
             Some(self.outcome_bin.clone()),
@@ -253,8 +269,20 @@ impl Scheduler {
     }
 
     /// `running`, `waiting`, `preemptions`, and every KV metric.
+    /// Also `kv_events_published` and `kv_events_dropped` (batches dropped on a full publisher queue
+    /// plus events the core's bounded log discarded).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        convert::stats_dict(py, &self.inner.stats())
+        let d = convert::stats_dict(py, &self.inner.stats())?;
+        let (published, dropped) = self
+            .kv_publisher
+            .as_ref()
+            .map_or((0, 0), |p| (p.published(), p.dropped()));
+        d.set_item("kv_events_published", published)?;
+        d.set_item(
+            "kv_events_dropped",
+            dropped + self.inner.kv_events_dropped(),
+        )?;
+        Ok(d)
     }
 
     /// KV events since the last call (empty unless `enable_kv_events`).
@@ -265,7 +293,95 @@ impl Scheduler {
 
     /// Drops every prefix-cache entry; False while any block is referenced.
     fn reset_prefix_cache(&mut self) -> bool {
-        self.inner.reset_prefix_cache()
+        let done = self.inner.reset_prefix_cache();
+        self.publish_kv_events();
+        done
+    }
+
+    /// Starts publishing KV events in vLLM's ZMQ format (`yoco_events::PublisherConfig` documents
+    /// each key); from now on every `update` hands its events to the publisher thread. Needs
+    /// `enable_kv_events=True`. `group=None` publishes every KV group with its `group_idx`.
+    #[pyo3(signature = (
+        endpoint, *, replay_endpoint = None, buffer_steps = 10_000, hwm = 100_000,
+        max_queue_size = 100_000, topic = String::new(), encoding = "array", block_size = 16,
+        group = Some(0), data_parallel_rank = None, medium = "GPU".to_string()
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_kv_events(
+        &mut self,
+        py: Python<'_>,
+        endpoint: String,
+        replay_endpoint: Option<String>,
+        buffer_steps: usize,
+        hwm: usize,
+        max_queue_size: usize,
+        topic: String,
+        encoding: &str,
+        block_size: u32,
+        group: Option<u32>,
+        data_parallel_rank: Option<i64>,
+        medium: String,
+    ) -> PyResult<()> {
+        if !self.inner.config().kv.enable_events {
+            return Err(PyValueError::new_err(
+                "start_kv_events needs Scheduler(enable_kv_events=True)",
+            ));
+        }
+        if self.kv_publisher.is_some() {
+            return Err(PyRuntimeError::new_err(
+                "KV events are already being published",
+            ));
+        }
+        let cfg = yoco_events::PublisherConfig {
+            endpoint,
+            replay_endpoint,
+            buffer_steps,
+            hwm,
+            max_queue_size,
+            topic,
+            encoding: encoding.parse().map_err(PyValueError::new_err)?,
+            block_size,
+            sub_block_size: self.inner.config().kv.sub_block_size,
+            group,
+            data_parallel_rank,
+            medium,
+        };
+        let publisher = py
+            .detach(|| yoco_events::Publisher::start(cfg))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        self.kv_publisher = Some(publisher);
+        Ok(())
+    }
+
+    /// Sends what is queued (at most `timeout_s`) and closes the event sockets.
+    #[pyo3(signature = (timeout_s = 1.0))]
+    fn stop_kv_events(&mut self, py: Python<'_>, timeout_s: f64) {
+        if let Some(mut p) = self.kv_publisher.take() {
+            py.detach(|| p.shutdown(std::time::Duration::from_secs_f64(timeout_s.max(0.0))));
+        }
+    }
+
+    /// `{"published", "dropped", "send_errors", "log_dropped"}`: batches sent, batches dropped on a
+    /// full queue, sends refused by the socket, and events the core's bounded log discarded.
+    fn kv_events_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let d = PyDict::new(py);
+        let (published, dropped, errors) = match &self.kv_publisher {
+            Some(p) => {
+                let s = p.stats();
+                (
+                    s.published.load(Relaxed),
+                    s.dropped.load(Relaxed),
+                    s.send_errors.load(Relaxed),
+                )
+            }
+            None => (0, 0, 0),
+        };
+        d.set_item("published", published)?;
+        d.set_item("dropped", dropped)?;
+        d.set_item("send_errors", errors)?;
+        d.set_item("log_dropped", self.inner.kv_events_dropped())?;
+        Ok(d)
     }
 
     /// Checks every scheduler and block-manager invariant (O(pool); tests). Raises AssertionError.

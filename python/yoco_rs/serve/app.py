@@ -28,6 +28,7 @@ from yoco_rs.serve.middleware import AuthMiddleware, BodyLimitMiddleware, HttpMe
 from yoco_rs.serve.sse import ClientDisconnected
 from yoco_rs.serve.state import ServerSettings, ServerState
 from yoco_rs.serve.tokenize import detokenize, tokenize
+from yoco_rs.serve.render import render_chat_completion, render_completion
 
 log = logging.getLogger("yoco_rs.serve")
 
@@ -95,6 +96,15 @@ def create_app(engine, settings: Optional[ServerSettings] = None, *,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _respond(create_chat_completion(state, request))
+
+    # vLLM's render endpoints (prefix-aware routers tokenize through them): serve/render.py
+    @app.post("/v1/completions/render")
+    async def completions_render(request: Request):
+        return await render_completion(state, request)
+
+    @app.post("/v1/chat/completions/render")
+    async def chat_completions_render(request: Request):
+        return await render_chat_completion(state, request)
 
     @app.get("/v1/models")
     async def models():

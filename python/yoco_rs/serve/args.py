@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
           help="fcfs, or priority (lower `priority` first; preempts the least important)")
     p.add("--max-logprobs", type=int, default=20, help="largest logprobs / top_logprobs / prompt_logprobs allowed")
+    p.add("--kv-events-config", metavar="JSON",
+          help="publish KV cache events over ZMQ in vLLM's wire format, vLLM's keys, e.g. "
+               '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+               '"replay_endpoint": "tcp://*:5558", "topic": "kv@HOST:PORT@MODEL", "encoding": "map"}\' '
+               "(encoding: array, vLLM's documented form; map, what vllm-router 0.1.17 needs; block_size: "
+               "tokens per wire block, default 16)")
     return p
 
 
@@ -195,7 +201,7 @@ def _add_hardening_flags(p: _Parser) -> None:
 ENGINE_FLAGS = ("tokenizer", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "sub_block_size", "enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager",
                 "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs",
-                "per_layer_embeddings_on_device")
+                "per_layer_embeddings_on_device", "kv_events_config")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

@@ -60,6 +60,9 @@ _YOCO_COUNTERS = [
     ("kv_copied_tokens", "kv_sub_block_copied_tokens", "Tokens of KV copied by sub-block prefix-cache hits."),
     ("kv_adoptions", "kv_block_adoptions", "Partial cached blocks adopted in place instead of copied."),
     ("num_steps", "engine_steps", "Engine steps run."),
+    ("kv_events_published", "kv_events_published", "KV event batches published (--kv-events-config)."),
+    ("kv_events_dropped", "kv_events_dropped",
+     "KV event batches dropped on a full publisher queue, plus events the bounded log discarded."),
 ]
 _YOCO_GAUGES = [
     ("kv_blocks_total", "kv_blocks_total", "Usable KV blocks per group."),

@@ -38,13 +38,53 @@ pub enum KvEvent {
     AllCleared,
 }
 
+/// Entries (hashes plus token ids) the log holds before it overflows: about 8 MiB. An engine whose
+/// events nobody takes (or whose publisher fell behind) stays bounded by this.
+pub const DEFAULT_EVENT_LOG_CAPACITY: usize = 1 << 20;
+
 /// Collects events, merging a `Stored` that continues the previous `Stored` of the same group.
-#[derive(Debug, Default)]
+///
+/// Bounded: when the pending events would exceed `capacity` entries (hashes + token ids), the log
+/// collapses to a single [`KvEvent::AllCleared`] and counts the events it dropped. That keeps every
+/// consumer *sound*: it forgets blocks this engine may still hold (a missed routing opportunity),
+/// but never believes in a block that is gone, and the events that follow are valid deltas again.
+#[derive(Debug)]
 pub(crate) struct EventLog {
-    pub events: Vec<KvEvent>,
+    events: Vec<KvEvent>,
+    /// Hashes + token ids held by `events`.
+    len: usize,
+    capacity: usize,
+    /// Events discarded by overflows since the log was made.
+    dropped: u64,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        EventLog::with_capacity(DEFAULT_EVENT_LOG_CAPACITY)
+    }
 }
 
 impl EventLog {
+    pub fn with_capacity(capacity: usize) -> Self {
+        EventLog {
+            events: Vec::new(),
+            len: 0,
+            capacity: capacity.max(1),
+            dropped: 0,
+        }
+    }
+
+    /// Makes room for `n` more entries, collapsing the log to `AllCleared` if they do not fit.
+    fn reserve(&mut self, n: usize) {
+        if self.len + n > self.capacity {
+            let n_dropped = self.events.len() as u64 + 1;
+            self.dropped += n_dropped;
+            self.events.clear();
+            self.events.push(KvEvent::AllCleared);
+            self.len = 0;
+        }
+    }
+
     pub fn stored(
         &mut self,
         group: u32,
@@ -53,6 +93,14 @@ impl EventLog {
         token_ids: &[u32],
         block_size: u32,
     ) {
+        let n = hashes.len() + token_ids.len();
+        if n > self.capacity {
+            // Larger than the whole log: announce nothing of it (sound, see the type's docs).
+            self.reserve(self.capacity + 1);
+            return;
+        }
+        self.reserve(n);
+        self.len += n;
         if let (
             Some(KvEvent::Stored {
                 group: g,
@@ -80,16 +128,95 @@ impl EventLog {
     }
 
     pub fn removed(&mut self, group: u32, hashes: Vec<u64>) {
-        if !hashes.is_empty() {
-            self.events.push(KvEvent::Removed { group, hashes });
+        if hashes.is_empty() {
+            return;
         }
+        if hashes.len() > self.capacity {
+            self.reserve(self.capacity + 1);
+            return;
+        }
+        self.reserve(hashes.len());
+        self.len += hashes.len();
+        self.events.push(KvEvent::Removed { group, hashes });
     }
 
     pub fn cleared(&mut self) {
+        // Everything pending is superseded: the consumer forgets it all anyway.
+        self.events.clear();
+        self.len = 0;
         self.events.push(KvEvent::AllCleared);
     }
 
     pub fn take(&mut self) -> Vec<KvEvent> {
+        self.len = 0;
         std::mem::take(&mut self.events)
+    }
+
+    /// Events discarded by overflows so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    #[cfg(test)]
+    pub fn pending_entries(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_collapses_to_all_cleared_when_nobody_takes_events() {
+        let mut log = EventLog::with_capacity(100);
+        for i in 0..1000u64 {
+            // 1 hash + 4 tokens per event, chains broken so nothing merges.
+            log.stored(0, None, &[i], &[1, 2, 3, 4], 4);
+        }
+        assert!(log.pending_entries() <= 100);
+        assert!(log.events.len() <= 21, "{}", log.events.len());
+        assert!(log.dropped() > 900);
+        let evs = log.take();
+        assert_eq!(
+            evs[0],
+            KvEvent::AllCleared,
+            "an overflow is announced as a reset"
+        );
+        assert!(evs[1..].iter().all(|e| matches!(e, KvEvent::Stored { .. })));
+        assert_eq!(log.pending_entries(), 0);
+    }
+
+    #[test]
+    fn log_keeps_every_event_below_capacity() {
+        let mut log = EventLog::with_capacity(100);
+        log.stored(0, None, &[1], &[1, 2], 2);
+        log.stored(0, Some(1), &[2], &[3, 4], 2);
+        log.removed(1, vec![7, 8]);
+        assert_eq!(log.dropped(), 0);
+        assert_eq!(
+            log.take(),
+            vec![
+                KvEvent::Stored {
+                    group: 0,
+                    parent: None,
+                    hashes: vec![1, 2],
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 2
+                },
+                KvEvent::Removed {
+                    group: 1,
+                    hashes: vec![7, 8]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn reset_supersedes_pending_events() {
+        let mut log = EventLog::with_capacity(100);
+        log.stored(0, None, &[1], &[1, 2], 2);
+        log.cleared();
+        assert_eq!(log.take(), vec![KvEvent::AllCleared]);
     }
 }

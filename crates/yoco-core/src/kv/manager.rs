@@ -194,6 +194,12 @@ impl KvManager {
         self.events.take()
     }
 
+    /// Events the bounded event log discarded because nobody took them in time (it then reports
+    /// `AllCleared`, see `DEFAULT_EVENT_LOG_CAPACITY`).
+    pub fn dropped_events(&self) -> u64 {
+        self.events.dropped()
+    }
+
     /// A snapshot of the pool gauges and the cumulative prefix-cache counters, for the engine's
     /// metrics export (O(groups)).
     pub fn metrics(&self) -> KvMetrics {

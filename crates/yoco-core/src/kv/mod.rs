@@ -146,7 +146,7 @@ mod manager;
 mod pool;
 mod seq;
 
-pub use events::KvEvent;
+pub use events::{KvEvent, DEFAULT_EVENT_LOG_CAPACITY};
 pub use groups::{kv_groups, AttnKind, KvGroup, LayerKind};
 pub use hashing::{root_hash, BlockHash, DEFAULT_HASH_SEED};
 pub use manager::KvManager;

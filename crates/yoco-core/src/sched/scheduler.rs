@@ -364,6 +364,11 @@ impl Scheduler {
         self.kv.take_events()
     }
 
+    /// KV events dropped because nobody took them before the bounded log filled up.
+    pub fn kv_events_dropped(&self) -> u64 {
+        self.kv.dropped_events()
+    }
+
     /// Output tokens so far and `num_computed` of a live request (tests, debugging).
     pub fn request_progress(&self, id: u64) -> Option<(&[u32], u32)> {
         let r = self.req_by_id(id)?;
