@@ -19,6 +19,22 @@ async def create_chat_completion(state, request: Request):
     """``POST /v1/chat/completions``: render the conversation, submit ``n`` choices, answer with one JSON
     body or an SSE stream of ``chat.completion.chunk``s."""
     req = await parse_body(request, ChatCompletionRequest)
+    model, prompt, sp = await chat_inputs(state, req)
+    stream = bool(req.stream)
+    state.observe_params(req.n, sp.max_tokens)
+    rid = new_id("chatcmpl")
+    streams = await submit(state, [prompt], [sp], rid, priority=req.priority, cache_salt=req.cache_salt)
+    ctx = _Ctx(state, req, model, rid, len(prompt.token_ids))
+    if stream:
+        return EventStream(ctx.chunks(streams))
+    (out,) = await cancel_on_disconnect(request, final_outputs(state, streams))
+    return ctx.response(out)
+
+
+async def chat_inputs(state, req: ChatCompletionRequest):
+    """The served model name, the rendered and tokenized conversation (off the event loop, within the
+    template budget, truncated) and its sampling parameters: what ``/v1/chat/completions`` runs and
+    ``/v1/chat/completions/render`` shows."""
     model = state.check_model(req.model)
     state.ensure_serving()
     reject_unsupported(req, chat=True)
@@ -29,17 +45,9 @@ async def create_chat_completion(state, request: Request):
     prompt = truncate(prompt, req.truncate_prompt_tokens, limits)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    stream = bool(req.stream)
     sp = sampling_params(req, prompt_len=len(prompt.token_ids), limits=limits, max_tokens=max_tokens,
-                         logprobs=logprobs, stream=stream, prompt_param="messages")
-    state.observe_params(req.n, sp.max_tokens)
-    rid = new_id("chatcmpl")
-    streams = await submit(state, [prompt], [sp], rid, priority=req.priority, cache_salt=req.cache_salt)
-    ctx = _Ctx(state, req, model, rid, len(prompt.token_ids))
-    if stream:
-        return EventStream(ctx.chunks(streams))
-    (out,) = await cancel_on_disconnect(request, final_outputs(state, streams))
-    return ctx.response(out)
+                         logprobs=logprobs, stream=bool(req.stream), prompt_param="messages")
+    return model, prompt, sp
 
 
 class _Ctx:

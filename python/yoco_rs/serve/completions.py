@@ -22,23 +22,10 @@ async def create_completion(state, request: Request):
     """``POST /v1/completions``: submit every prompt times ``n``, answer with one JSON body or an SSE stream
     of ``text_completion`` chunks."""
     req = await parse_body(request, CompletionRequest)
-    model = state.check_model(req.model)
-    state.ensure_serving()
-    reject_unsupported(req, chat=False)
-    limits = state.limits()
-    request_limits(req, limits, chat=False)
+    model, prompts, params = await completion_inputs(state, req)
     tok = state.engine.tokenizer
-    prompts = [truncate(p, req.truncate_prompt_tokens, limits)
-               for p in await state.offload(completion_prompts, req, tok, limits)]
     stream = bool(req.stream)
-    echo_lp = bool(req.echo) and req.logprobs is not None
-    params = []
-    for i, p in enumerate(prompts):
-        sp = sampling_params(req, prompt_len=len(p.token_ids), limits=limits, max_tokens=req.max_tokens,
-                             logprobs=req.logprobs, stream=stream, prompt_param="prompt")
-        if echo_lp and (sp.prompt_logprobs is None or sp.prompt_logprobs < req.logprobs):
-            sp = sp.replace(prompt_logprobs=req.logprobs)
-        params.append(sp)
+    for p in prompts:
         if req.echo and p.text is None:
             p.text = tok.decode(p.token_ids, skip_special_tokens=False)
     state.observe_params(req.n, params[0].max_tokens)
@@ -49,6 +36,27 @@ async def create_completion(state, request: Request):
         return EventStream(ctx.chunks(streams))
     outs = await cancel_on_disconnect(request, final_outputs(state, streams))
     return ctx.response(outs)
+
+
+async def completion_inputs(state, req: CompletionRequest):
+    """The served model name, the prompts (validated, tokenized off the event loop, truncated) and their
+    sampling parameters: what ``/v1/completions`` runs and ``/v1/completions/render`` shows."""
+    model = state.check_model(req.model)
+    state.ensure_serving()
+    reject_unsupported(req, chat=False)
+    limits = state.limits()
+    request_limits(req, limits, chat=False)
+    prompts = [truncate(p, req.truncate_prompt_tokens, limits)
+               for p in await state.offload(completion_prompts, req, state.engine.tokenizer, limits)]
+    echo_lp = bool(req.echo) and req.logprobs is not None
+    params = []
+    for p in prompts:
+        sp = sampling_params(req, prompt_len=len(p.token_ids), limits=limits, max_tokens=req.max_tokens,
+                             logprobs=req.logprobs, stream=bool(req.stream), prompt_param="prompt")
+        if echo_lp and (sp.prompt_logprobs is None or sp.prompt_logprobs < req.logprobs):
+            sp = sp.replace(prompt_logprobs=req.logprobs)
+        params.append(sp)
+    return model, prompts, params
 
 
 class _Ctx:

@@ -19,7 +19,9 @@ from starlette.requests import Request
 from yoco_rs.serve.body import parse_body
 from yoco_rs.serve.generation import new_id
 from yoco_rs.serve.protocol import ChatCompletionRequest, CompletionRequest
-from yoco_rs.serve.validation import Prompt, chat_prompt, completion_prompts, reject_unsupported, sampling_params, truncate
+from yoco_rs.serve.chat import chat_inputs
+from yoco_rs.serve.completions import completion_inputs
+from yoco_rs.serve.validation import Prompt
 
 _SAMPLING_KEYS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "max_tokens",
                   "min_tokens", "ignore_eos", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
@@ -42,34 +44,16 @@ def _generate_request(rid: str, prompt: Prompt, sp, model: str, req) -> dict:
 async def render_completion(state, request: Request) -> list[dict]:
     """``POST /v1/completions/render``: one generate request per prompt."""
     req = await parse_body(request, CompletionRequest)
-    model = state.check_model(req.model)
-    state.ensure_serving()
-    reject_unsupported(req, chat=False)
-    limits = state.limits()
-    prompts = [truncate(p, req.truncate_prompt_tokens, limits)
-               for p in completion_prompts(req, state.engine.tokenizer, limits)]
+    model, prompts, params = await completion_inputs(state, req)
     rid = new_id("cmpl")
-    out = []
-    for i, p in enumerate(prompts):
-        sp = sampling_params(req, prompt_len=len(p.token_ids), limits=limits, max_tokens=req.max_tokens,
-                             logprobs=req.logprobs, stream=False, prompt_param="prompt")
-        out.append(_generate_request(rid if len(prompts) == 1 else f"{rid}-{i}", p, sp, model, req))
-    return out
+    return [_generate_request(rid if len(prompts) == 1 else f"{rid}-{i}", p, sp, model, req)
+            for i, (p, sp) in enumerate(zip(prompts, params))]
 
 
 async def render_chat_completion(state, request: Request) -> dict:
     """``POST /v1/chat/completions/render``: the conversation rendered by the chat template, tokenized."""
     req = await parse_body(request, ChatCompletionRequest)
-    model = state.check_model(req.model)
-    state.ensure_serving()
-    reject_unsupported(req, chat=True)
-    limits = state.limits()
-    prompt = truncate(chat_prompt(req, state.engine.tokenizer, state.settings.chat_template),
-                      req.truncate_prompt_tokens, limits)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = sampling_params(req, prompt_len=len(prompt.token_ids), limits=limits, max_tokens=max_tokens,
-                         logprobs=(req.top_logprobs or 0) if req.logprobs else None, stream=False,
-                         prompt_param="messages")
+    model, prompt, sp = await chat_inputs(state, req)
     return _generate_request(new_id("chatcmpl"), prompt, sp, model, req)
 
 
