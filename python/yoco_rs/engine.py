@@ -620,6 +620,7 @@ class Engine:
         self.abort_request(list(self._requests))
         self._pending_outputs.clear()
         self._closed = True
+        self._sched.stop_kv_events()  # flush and close the KV-event sockets (frees their ports now)
         self._runner = None  # captured graphs hold the KV tensors
         self._exec.kv_caches = []
 
