@@ -98,12 +98,13 @@ def hf_time(model, prompts: list[list[int]], new: int) -> float:
 # ---- yoco-rs --------------------------------------------------------------------------------------------------
 
 
-def load_yoco(model_dir: str, dtype: str, fast: bool, on_device: bool = False, max_model_len: int = 1024):
+def load_yoco(model_dir: str, dtype: str, fast: bool, on_device: bool = False, max_model_len: int = 1024,
+              batch_invariant: bool = True):
     from yoco_rs import Engine
 
     return Engine(model_dir, dtype=dtype, kv_sharing_fast_prefill=fast, enable_prefix_caching=False,
                   max_model_len=max_model_len, kv_cache_memory=512 << 20,
-                  per_layer_embeddings_on_device=on_device)
+                  per_layer_embeddings_on_device=on_device, batch_invariant=batch_invariant)
 
 
 def yoco_tokens(eng, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -138,9 +139,11 @@ def run(args) -> dict:
         model = load_hf(args.model, dtype)
         gen_tokens, gen_time = (lambda p, n: hf_tokens(model, p, n)), (lambda p, n: hf_time(model, p, n))
     else:
-        model = load_yoco(args.model, args.dtype, args.fast == "on", args.ple_on_device)
+        model = load_yoco(args.model, args.dtype, args.fast == "on", args.ple_on_device,
+                          batch_invariant=not args.no_batch_invariant)
         gen_tokens, gen_time = (lambda p, n: yoco_tokens(model, p, n)), (lambda p, n: yoco_time(model, p, n))
-    out = {"impl": args.impl, "dtype": args.dtype, "fast_prefill": args.fast, "load_s": time.perf_counter() - t0,
+    out = {"impl": args.impl, "dtype": args.dtype, "fast_prefill": args.fast,
+           "batch_invariant": not args.no_batch_invariant, "load_s": time.perf_counter() - t0,
            "rss_after_load_gib": peak_rss_gib()}
     if args.tokens:
         prompts = json.load(open(args.tokens))
@@ -181,6 +184,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--fast", default="on", choices=("on", "off"), help="yoco-rs fast prefill")
     ap.add_argument("--ple-on-device", action="store_true")
+    ap.add_argument("--no-batch-invariant", action="store_true", help="yoco-rs: EngineConfig.batch_invariant=False")
     ap.add_argument("--also-fast-off", action="store_true", help="yoco-rs: the tokens again with fast prefill off")
     ap.add_argument("--tokens", help="JSON file with a list of prompts (token ids): greedy tokens")
     ap.add_argument("--max-tokens", type=int, default=8)

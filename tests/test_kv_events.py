@@ -229,3 +229,15 @@ def test_kv_events_config_takes_vllms_keys_and_names_a_bad_one():
         KVEventsConfig.parse({"buffer_steps": -1})
     with pytest.raises(ValueError, match="not valid JSON"):
         KVEventsConfig.parse("{")
+
+
+def test_yoco_serve_rejects_a_bad_kv_events_config_at_startup_naming_the_key():
+    import os
+    import subprocess
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "yoco-serve")
+    r = subprocess.run([exe, "--port", "0", "--disable-progress", "--kv-events-config", '{"endpont": "tcp://*:1"}'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "kv_events_config: unknown key(s) ['endpont']" in r.stderr

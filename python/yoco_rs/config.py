@@ -71,6 +71,12 @@ class EngineConfig:
     """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+    batch_invariant: bool = True
+    """CPU: pad every step's GEMMs to at least 4 rows, so that a token's numbers do not depend on the batch
+    around it (greedy output identical across batch compositions, chunkings and fast prefill on/off).
+    False: steps of 1-3 tokens use the BLAS GEMV path; in float32 a one-stream decode step then costs about
+    a quarter of the padded one at E2B's size (``benches/RESULTS.md``), and near-ties may break
+    differently between batch compositions. Ignored on CUDA (no padding there)."""
     per_layer_embeddings_on_device: bool = False
     """Gemma 3n: keep the per-layer embedding table (2.0B of E2B's 4.4B parameters, one row read per token
     and layer) in device memory. False: it stays in host memory, memory-mapped from the checkpoint, and each
@@ -115,7 +121,7 @@ class EngineConfig:
                 divisors = [d for d in range(1, self.block_size + 1) if self.block_size % d == 0]
                 raise _err("sub_block_size", f"a divisor of block_size={self.block_size} ({divisors})", s)
         for name in ("enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager", "enable_kv_events",
-                     "per_layer_embeddings_on_device"):
+                     "per_layer_embeddings_on_device", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, "a bool", getattr(self, name))
         m = self.kv_cache_memory

@@ -298,6 +298,8 @@ class Engine:
         step ran were aborted and the core completed the step: the engine stays usable, and the next
         ``step()`` returns those requests finished with ``finish_reason="abort"``."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        if self.last_failed_request_ids:
+            self.last_failed_request_ids = []
         plan = self._sched.schedule()
         self._last_plan_rows = plan.num_rows
         if plan.num_rows == 0:
@@ -625,6 +627,7 @@ class Engine:
         self.abort_request(list(self._requests))
         self._pending_outputs.clear()
         self._closed = True
+        self._sched.stop_kv_events()  # flush and close the KV-event sockets (frees their ports now)
         self._runner = None  # captured graphs hold the KV tensors
         self._exec.kv_caches = []
 

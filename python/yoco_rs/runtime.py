@@ -105,7 +105,8 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     executor = Executor.from_pretrained(model_dir, dtype=dtype, device=device,
                                         kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
                                         attn_backend=select_backend(device),
-                                        per_layer_embeddings_on_host=not cfg.per_layer_embeddings_on_device)
+                                        per_layer_embeddings_on_host=not cfg.per_layer_embeddings_on_device,
+                                        min_rows=None if cfg.batch_invariant else 1)
     args = executor.args
 
     block_size = cfg.block_size or (64 if cuda else 16)

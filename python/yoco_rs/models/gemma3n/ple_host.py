@@ -73,6 +73,7 @@ class HostPerLayerEmbedding(nn.Module):
         self._pinned: torch.Tensor | None = None
         self._staged: torch.Tensor | None = None  # [capacity, dim] on the device, fixed address
         self._copied: torch.cuda.Event | None = None
+        self._overflow: torch.Tensor | None = None  # rows of a step larger than the fixed buffer
         self._staged_rows = -1  # rows staged and not yet consumed (-1: nothing staged)
 
     @property
@@ -104,12 +105,10 @@ class HostPerLayerEmbedding(nn.Module):
         return out[: ids.shape[0]]
 
     def reserve(self, rows: int) -> None:
-        """Device staging for up to ``rows`` tokens per step, allocated before any CUDA graph capture."""
-        if self.on_cpu or (self._staged is not None and self._staged.shape[0] >= rows):
+        """Device staging for up to ``rows`` tokens per step, allocated once (before any CUDA graph capture:
+        captured graphs read this buffer, so it is never reallocated; larger eager steps use a temporary)."""
+        if self.on_cpu or self._staged is not None:
             return
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"per-layer embedding staging holds {0 if self._staged is None else len(self._staged)} "
-                               f"rows, {rows} needed during a CUDA graph capture: reserve() first")
         self._staged = torch.zeros(rows, self.dim, dtype=self.dtype, device=self.device)
         self._pinned = torch.zeros(rows, self.dim, dtype=self.dtype, pin_memory=True)
         self._copied = torch.cuda.Event()
@@ -120,11 +119,15 @@ class HostPerLayerEmbedding(nn.Module):
         if self.on_cpu:
             return
         t = int(ids.shape[0])
-        self.reserve(t)
-        self._copied.synchronize()  # the previous step's copy out of the pinned buffer is done
-        self._gather(ids.cpu(), self._pinned)
-        self._staged[:t].copy_(self._pinned[:t], non_blocking=True)
-        self._copied.record()
+        self.reserve(max(t, 256))
+        if t > self._staged.shape[0]:  # an eager step above the graphs' sizes: a one-off device tensor
+            self._overflow = self._gather(ids.cpu()).to(self.device, non_blocking=False)
+        else:
+            self._overflow = None
+            self._copied.synchronize()  # the previous step's copy out of the pinned buffer is done
+            self._gather(ids.cpu(), self._pinned)
+            self._staged[:t].copy_(self._pinned[:t], non_blocking=True)
+            self._copied.record()
         self._staged_rows = t
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -134,9 +137,12 @@ class HostPerLayerEmbedding(nn.Module):
         else:
             if not torch.cuda.is_current_stream_capturing() and self._staged_rows < 0:
                 self.stage(ids)  # nobody staged this step (a direct model call): gather now, with a host sync
-            if self._staged is None or self._staged.shape[0] < t:
-                raise RuntimeError(f"per-layer embedding staging holds fewer than {t} rows: reserve() before "
-                                   "capturing CUDA graphs")
             self._staged_rows = -1
-            rows = self._staged[:t]
+            if self._overflow is not None and self._overflow.shape[0] >= t:
+                rows, self._overflow = self._overflow[:t], None
+            elif self._staged is not None and self._staged.shape[0] >= t:
+                rows = self._staged[:t]
+            else:
+                raise RuntimeError(f"per-layer embedding rows for {t} tokens were not staged: reserve() before "
+                                   "capturing CUDA graphs, stage(ids) before a forward")
         return rows * self.embed_scale
