@@ -69,6 +69,10 @@ class EngineConfig:
     """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+    generation_config: str = "auto"
+    """Where requests' default sampling fields come from (vLLM's ``--generation-config``): ``auto``, the
+    checkpoint's generation_config.json; ``vllm``, none (temperature 1, no filters); or a directory
+    holding a generation_config.json. Fields a request sets always win."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -120,6 +124,8 @@ class EngineConfig:
             not _is_int(self.num_gpu_blocks_override) or self.num_gpu_blocks_override < 1
         ):
             raise _err("num_gpu_blocks_override", "an integer >= 1 or None", self.num_gpu_blocks_override)
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise _err("generation_config", "'auto', 'vllm' or a directory path", self.generation_config)
         if self.scheduling_policy not in _POLICIES:
             raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not _is_int(self.max_logprobs) or self.max_logprobs < 0:

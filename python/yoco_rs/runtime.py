@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from yoco_rs import _core, bundled
+from yoco_rs.generation_config import sampling_defaults
 from yoco_rs.config import EngineConfig
 from yoco_rs.executor.sampler import Sampler
 from yoco_rs.tokenizer import Tokenizer
@@ -42,6 +43,8 @@ class Runtime:
     vocab_size: int
     num_blocks: list[int]
     kv_capacity_tokens: int
+    sampling_defaults: dict
+    """Default sampling fields from the generation config (``yoco_rs.generation_config``)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -158,8 +161,9 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
+    defaults = sampling_defaults(cfg.generation_config, model_dir)
     return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
-                   num_blocks, capacity)
+                   num_blocks, capacity, defaults)
 
 
 __all__ = ["Runtime", "build_runtime", "resolve_device", "resolve_model_dir"]

@@ -114,7 +114,8 @@ class ServerState:
             e = self.engine
             cfg = e.config
             self._limits = Limits(max_model_len=int(e.max_model_len), max_logprobs=int(cfg.max_logprobs),
-                                  vocab_size=self.vocab_size())
+                                  vocab_size=self.vocab_size(),
+                                  sampling_defaults=dict(getattr(e, "sampling_defaults", None) or {}))
         return self._limits
 
     def vocab_size(self) -> int:
