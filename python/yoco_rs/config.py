@@ -31,7 +31,7 @@ class EngineConfig:
 
     model: Optional[str] = None
     """Checkpoint directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json).
-    None: the bundled tiny default model (random weights, real tokenizer and chat template)."""
+    None: the bundled default model yoco-tiny (trained; see yoco_rs/default_model/README.md)."""
     tokenizer: Optional[str] = None
     """Directory holding tokenizer.json / tokenizer_config.json; None: the model directory."""
     dtype: str = "auto"
