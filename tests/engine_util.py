@@ -14,18 +14,21 @@ from yoco_rs import Engine, SamplingParams, bundled
 
 
 def tiny_model_dir(path: str, seed: int = 0, **over) -> str:
-    """A randomized tiny Gemma 3n (tests/tiny.py, vocabulary 2048, sliding window 16 unless overridden)
-    saved in HF layout, with the bundled tokenizer and chat template."""
+    """A randomized tiny Gemma 3n (tests/tiny.py, vocabulary 4096 like the bundled tokenizer's, sliding
+    window 16 unless overridden) saved in HF layout, with the bundled tokenizer and chat template and a
+    generation config without sampling defaults (requests get vLLM's own)."""
     from tiny import randomize, tiny_config
     from transformers import Gemma3nForCausalLM
 
-    kw = dict(vocab_size=2048, vocab_size_per_layer_input=1792, max_position_embeddings=4096)
+    kw = dict(vocab_size=4096, vocab_size_per_layer_input=3840, max_position_embeddings=4096)
     kw.update(over)
     torch.manual_seed(seed)
     model = randomize(Gemma3nForCausalLM(tiny_config(**kw)).eval(), seed=seed)
     model.save_pretrained(path, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(bundled._SRC / name, os.path.join(path, name))
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 2, "eos_token_id": [1, 5], "pad_token_id": 0}, f)
     return path
 
 

@@ -374,7 +374,7 @@ class AsyncEngine:
             await self.wait_ready()
         eng = self._engine
         arrival = time.monotonic()
-        proc, params = eng._prepare(prompt, params or SamplingParams())
+        proc, params = eng._prepare(prompt, params or eng.get_default_sampling_params())
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request_id {rid!r} is already in use by an unfinished request")

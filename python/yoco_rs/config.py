@@ -31,7 +31,7 @@ class EngineConfig:
 
     model: Optional[str] = None
     """Checkpoint directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json).
-    None: the bundled tiny default model (random weights, real tokenizer and chat template)."""
+    None: the bundled default model yoco-tiny (trained; see yoco_rs/default_model/README.md)."""
     tokenizer: Optional[str] = None
     """Directory holding tokenizer.json / tokenizer_config.json; None: the model directory."""
     dtype: str = "auto"
@@ -84,6 +84,10 @@ class EngineConfig:
     kv_events_config: Optional[Any] = None
     """Publish KV events over ZMQ in vLLM's wire format: vLLM's ``KVEventsConfig`` keys as a dict or JSON
     string (``yoco_rs.kv_events``). Parsed into a ``KVEventsConfig`` at construction."""
+    generation_config: str = "auto"
+    """Where requests' default sampling fields come from (vLLM's ``--generation-config``): ``auto``, the
+    checkpoint's generation_config.json; ``vllm``, none (temperature 1, no filters); or a directory
+    holding a generation_config.json. Fields a request sets always win."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -136,6 +140,8 @@ class EngineConfig:
             not _is_int(self.num_gpu_blocks_override) or self.num_gpu_blocks_override < 1
         ):
             raise _err("num_gpu_blocks_override", "an integer >= 1 or None", self.num_gpu_blocks_override)
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise _err("generation_config", "'auto', 'vllm' or a directory path", self.generation_config)
         if self.scheduling_policy not in _POLICIES:
             raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not _is_int(self.max_logprobs) or self.max_logprobs < 0:

@@ -67,6 +67,8 @@ class Engine:
         self._exec = rt.executor
         self._runner = rt.runner
         self._fast_prefill = bool(rt.config.kv_sharing_fast_prefill)
+        self.sampling_defaults: dict = dict(rt.sampling_defaults)
+        """Default sampling fields from the checkpoint's generation config (``generation_config``)."""
         self._sampler = rt.sampler
         self._text = rt.text
         self._tok = rt.tokenizer
@@ -94,6 +96,11 @@ class Engine:
         """An engine from a complete ``EngineConfig`` (a server builds one from its flags)."""
         return cls(config=config)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` with the generation config's defaults (vLLM's ``LLM`` method of that
+        name): what ``generate`` uses when given no sampling parameters."""
+        return SamplingParams(**self.sampling_defaults)
+
     # ---- offline generation ----------------------------------------------------------------------
     def generate(
         self,
@@ -107,13 +114,13 @@ class Engine:
 
         ``prompts``: one prompt or a list (str, token-id list, or ``{"prompt"|"prompt_token_ids",
         "cache_salt"?}``). ``sampling_params``: one for all or one per prompt (default
-        ``SamplingParams()``). A progress bar shows for batches when ``use_tqdm``. Invalid input raises
+        ``get_default_sampling_params()``). A progress bar shows for batches when ``use_tqdm``. Invalid input raises
         ``ValueError`` before anything runs.
         """
         plist = [prompts] if is_single_prompt(prompts) else list(prompts)
         n = len(plist)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * n
+            params = [sampling_params or self.get_default_sampling_params()] * n
         else:
             params = list(sampling_params)
             if len(params) != n:
@@ -192,7 +199,7 @@ class Engine:
                     priority: int = 0, arrival_time: Optional[float] = None) -> list[int]:
         """Validate, tokenize and queue one request (``n`` core sequences); returns the prompt ids.
         ``ValueError`` for bad input (prompt too long, logprobs over ``max_logprobs``, duplicate id)."""
-        proc, params = self._prepare(prompt, params or SamplingParams())
+        proc, params = self._prepare(prompt, params or self.get_default_sampling_params())
         self._add_prepared(request_id, proc, params, priority,
                            arrival_time if arrival_time is not None else time.monotonic())
         return proc.token_ids

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from yoco_rs import _core, bundled
+from yoco_rs.generation_config import sampling_defaults
 from yoco_rs.config import EngineConfig
 from yoco_rs.executor.sampler import Sampler
 from yoco_rs.tokenizer import Tokenizer
@@ -42,8 +43,10 @@ class Runtime:
     vocab_size: int
     num_blocks: list[int]
     kv_capacity_tokens: int
-    memory_split: str = ""
+    memory_split: str
     """How device memory was split (weights / step / KV), for the server's startup line."""
+    sampling_defaults: dict
+    """Default sampling fields from the generation config (``yoco_rs.generation_config``)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -193,8 +196,9 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
              block_size, sub_block, "on" if cfg.kv_sharing_fast_prefill else "off",
              "on" if cfg.enable_prefix_caching else "off")
     log.info(memory_line(executor, cfg.dtype))
+    defaults = sampling_defaults(cfg.generation_config, model_dir)
     return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
-                   num_blocks, capacity, memory_split)
+                   num_blocks, capacity, memory_split, defaults)
 
 
 def memory_line(executor, requested_dtype: str) -> str:

@@ -6,8 +6,8 @@ rows with one numpy fancy index and ships them in two small tensors. Penalty sta
 counts, the prompt's token set) lives on the device, ``[max_num_seqs, vocab]``, allocated on first use.
 
 Order, as vLLM V1: raw logprobs (what ``logprobs`` reports) -> min_tokens (mask EOS and stop ids) ->
-repetition / frequency / presence penalties -> greedy argmax, or temperature -> top-k -> top-p ->
-min-p -> sample.
+repetition / frequency / presence penalties -> greedy argmax, or temperature -> min-p -> top-k ->
+top-p -> sample (V1 applies min-p in its logits processors, before the top-k/top-p sampler).
 
 Sampling is an argmax of ``log p - log E`` with ``E ~ Exp(1)`` (the Gumbel-max trick in exponential
 form). The noise is a counter-based hash of (request seed, output index, vocabulary id), so a seeded
@@ -238,6 +238,7 @@ class Sampler:
             rt = _t(rnd, dev)
             fr = torch.from_numpy(f[:3, rnd]).to(dev)
             x = lg.index_select(0, rt) / fr[0][:, None]
+            x = min_p_filter(x, fr[2], f[2, rnd])
             top_k = self.top_k[rows[rnd]]
             if (top_k > 0).any() or (f[1, rnd] < 1).any():
                 vals, idx = x.sort(dim=-1, descending=True)
@@ -249,9 +250,6 @@ class Sampler:
                 drop = (probs.cumsum(dim=-1) - probs) > fr[1][:, None]
                 vals = vals.masked_fill(drop, float("-inf"))
                 x = torch.full_like(x, float("-inf")).scatter_(1, idx, vals)
-            if (f[2, rnd] > 0).any():
-                probs = x.softmax(dim=-1)
-                x = x.masked_fill(probs < fr[2][:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
             keys = torch.from_numpy(row_keys(self.seed[rows[rnd]], self.num_out[rows[rnd]])).to(dev)
             e = -torch.log(uniform_noise(keys, V))
             sampled[rt] = (x - torch.log(e)).argmax(dim=-1)
@@ -268,6 +266,15 @@ class Sampler:
             out.sampled_logprobs, out.sampled_ranks = tgt, rank
         out.sampled = sampled.to(torch.int32).cpu()
         return out
+
+
+def min_p_filter(x: torch.Tensor, min_p: torch.Tensor, min_p_host: np.ndarray) -> torch.Tensor:
+    """Mask the tokens whose probability (softmax of the temperature-scaled ``x``) is below ``min_p``
+    times the most likely one's; rows with ``min_p == 0`` are unchanged."""
+    if not (min_p_host > 0).any():
+        return x
+    probs = x.softmax(dim=-1)
+    return x.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
 
 
 def _t(a: np.ndarray, dev: torch.device) -> torch.Tensor:

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="yoco-serve",
         description="Serve a Gemma 3n checkpoint with an OpenAI-compatible API (vLLM-shaped: /v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /version). "
-                    "With no MODEL_DIR, serves the bundled tiny model yoco-tiny (random weights, offline).",
+                    "With no MODEL_DIR, serves the bundled tiny model yoco-tiny (trained, offline).",
         epilog="Every flag can also be set with the environment variable shown in brackets "
                f"({ENV_PREFIX}<FLAG>, dashes as underscores); the command line wins. "
                "SIGTERM drains: no new requests, in-flight ones finish within --shutdown-timeout, then exit.",
@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                '"replay_endpoint": "tcp://*:5558", "topic": "kv@HOST:PORT@MODEL", "encoding": "map"}\' '
                "(encoding: array, vLLM's documented form; map, what vllm-router 0.1.17 needs; block_size: "
                "tokens per wire block, default 16)")
+    p.add("--generation-config", default="auto", metavar="auto|vllm|PATH",
+          help="defaults of the sampling fields a request leaves unset (temperature, top_k, top_p, min_p, "
+               "repetition_penalty): auto, the model's generation_config.json; vllm, none; PATH, a directory "
+               "holding a generation_config.json")
     return p
 
 
@@ -201,7 +205,7 @@ def _add_hardening_flags(p: _Parser) -> None:
 ENGINE_FLAGS = ("tokenizer", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "sub_block_size", "enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager",
                 "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs",
-                "per_layer_embeddings_on_device", "kv_events_config")
+                "per_layer_embeddings_on_device", "kv_events_config", "generation_config")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

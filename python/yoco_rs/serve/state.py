@@ -156,7 +156,8 @@ class ServerState:
                                   vocab_size=self.vocab_size(),
                                   max_prompt_chars=max_model_len * _max_chars_per_token(e.tokenizer),
                                   max_n=self.settings.max_n, max_prompts=self.settings.max_prompts_per_request,
-                                  priority_scheduling=getattr(cfg, "scheduling_policy", "fcfs") == "priority")
+                                  priority_scheduling=getattr(cfg, "scheduling_policy", "fcfs") == "priority",
+                                  sampling_defaults=dict(getattr(e, "sampling_defaults", None) or {}))
         return self._limits
 
     def vocab_size(self) -> int:

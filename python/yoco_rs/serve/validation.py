@@ -7,7 +7,7 @@ is an ``APIError`` 400 naming the parameter. Range checks are ``SamplingParams``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
@@ -30,6 +30,8 @@ class Limits:
     max_n: int = 128
     max_prompts: int = 256
     priority_scheduling: bool = False
+    sampling_defaults: dict = field(default_factory=dict)
+    """Defaults of the sampling fields a request leaves unset (the generation config, ``--generation-config``)."""
 
 
 @dataclass
@@ -285,12 +287,18 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
     if bad:
         raise bad_request(f"stop_token_ids holds {bad[0]}, outside the vocabulary [0, {limits.vocab_size})",
                           "stop_token_ids")
+    d = limits.sampling_defaults
+
+    def pick(name: str, default):
+        v = getattr(req, name)
+        return d.get(name, default) if v is None else v
+
     fields = dict(
         n=req.n,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k is None else req.top_k,
-        min_p=0.0 if req.min_p is None else req.min_p,
+        temperature=pick("temperature", 1.0),
+        top_p=pick("top_p", 1.0),
+        top_k=pick("top_k", 0),
+        min_p=pick("min_p", 0.0),
         seed=req.seed,
         stop=stop_strings(req.stop),
         stop_token_ids=req.stop_token_ids,
@@ -301,7 +309,7 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
         prompt_logprobs=req.prompt_logprobs,
         presence_penalty=0.0 if req.presence_penalty is None else req.presence_penalty,
         frequency_penalty=0.0 if req.frequency_penalty is None else req.frequency_penalty,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=pick("repetition_penalty", 1.0),
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,

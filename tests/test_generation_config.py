@@ -1,0 +1,81 @@
+"""The checkpoint's generation_config.json gives the defaults of the sampling fields a request leaves
+unset, as vLLM's ``--generation-config auto|vllm|PATH`` does; a field the request sets always wins."""
+
+import json
+import os
+
+import pytest
+
+from yoco_rs import Engine, SamplingParams
+from yoco_rs.generation_config import sampling_defaults
+from yoco_rs.serve.args import build_parser, engine_settings
+from yoco_rs.serve.protocol import CompletionRequest
+from yoco_rs.serve.validation import Limits, sampling_params
+
+
+def _write(d, cfg):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(d)
+
+
+def test_auto_reads_the_sampling_fields_vllm_reads_and_vllm_ignores_the_file(tmp_path):
+    d = _write(tmp_path / "m", {"temperature": 0.6, "top_k": 64, "top_p": 0.95, "min_p": 0.01,
+                                "repetition_penalty": 1.1, "max_new_tokens": 7, "do_sample": True, "bos_token_id": 2})
+    assert sampling_defaults("auto", d) == {"temperature": 0.6, "top_k": 64, "top_p": 0.95, "min_p": 0.01,
+                                            "repetition_penalty": 1.1, "max_tokens": 7}
+    assert sampling_defaults("vllm", d) == {}
+    other = _write(tmp_path / "other", {"temperature": 0.2})
+    assert sampling_defaults(other, d) == {"temperature": 0.2}
+    assert sampling_defaults(os.path.join(other, "generation_config.json"), d) == {"temperature": 0.2}
+    assert sampling_defaults("auto", str(tmp_path / "none")) == {}  # no file: no defaults
+
+
+def test_bad_sources_and_values_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        sampling_defaults(str(tmp_path / "missing"), str(tmp_path))
+    d = _write(tmp_path / "m", {"top_p": 0})
+    with pytest.raises(ValueError, match="top_p must be in"):
+        sampling_defaults("auto", d)
+
+
+def test_server_requests_take_the_defaults_only_for_fields_they_leave_unset():
+    limits = Limits(max_model_len=100, max_logprobs=5, vocab_size=1000,
+                    sampling_defaults={"temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.2})
+    kw = dict(prompt_len=3, limits=limits, max_tokens=4, logprobs=None, stream=False, prompt_param="prompt")
+    sp = sampling_params(CompletionRequest(prompt="x"), **kw)
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty) == (0.7, 40, 0.9, 0.0, 1.2)
+    sp = sampling_params(CompletionRequest(prompt="x", temperature=0, top_k=-1, top_p=1.0), **kw)
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty) == (0, -1, 1.0, 1.2)
+    plain = sampling_params(CompletionRequest(prompt="x"), **{**kw, "limits": Limits(100, 5, 1000)})
+    assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
+
+
+def test_the_flag_is_vllms_and_reaches_the_engine_config():
+    args = build_parser().parse_args([])
+    assert engine_settings(args)["generation_config"] == "auto"
+    args = build_parser().parse_args(["--generation-config", "vllm"])
+    assert engine_settings(args)["generation_config"] == "vllm"
+
+
+def test_engine_generate_without_params_uses_the_checkpoint_defaults(tmp_path):
+    from engine_util import tiny_model_dir
+
+    d = tiny_model_dir(str(tmp_path / "tiny"), seed=1)
+    _write(d, {"temperature": 0.0, "max_new_tokens": 5, "eos_token_id": [1, 5]})
+    eng = Engine(d, device="cpu", seed=0)
+    try:
+        assert eng.get_default_sampling_params() == SamplingParams(temperature=0.0, max_tokens=5)
+        prompt = [2, 100, 200, 300]
+        got = eng.generate({"prompt_token_ids": prompt}, use_tqdm=False)[0].outputs[0].token_ids
+        ref = eng.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=5),
+                           use_tqdm=False)[0].outputs[0].token_ids
+        assert got == ref and len(got) <= 5
+    finally:
+        eng.close()
+    eng = Engine(d, device="cpu", seed=0, generation_config="vllm")
+    try:
+        assert eng.get_default_sampling_params() == SamplingParams()
+    finally:
+        eng.close()
