@@ -69,6 +69,11 @@ class EngineConfig:
     """Largest ``logprobs`` / ``prompt_logprobs`` a request may ask for."""
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
+    structured_outputs_config: Optional[dict] = None
+    """Structured-output settings (vLLM's ``--structured-outputs-config``): ``backend`` (``auto``,
+    ``guidance`` or ``llguidance``: the only engine), ``disable_any_whitespace``, and the compile
+    budget: ``time_budget_ms`` (10000), ``max_grammar_size`` (500000), ``initial_lexer_fuel``,
+    ``max_in_flight`` (4), ``cache_size`` (256)."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -124,6 +129,10 @@ class EngineConfig:
             raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
             raise _err("max_logprobs", "an integer >= 0", self.max_logprobs)
+        if self.structured_outputs_config is not None:
+            from yoco_rs.structured_outputs import check_structured_outputs_config
+
+            check_structured_outputs_config(self.structured_outputs_config)
 
     @classmethod
     def from_kwargs(cls, model=None, **kwargs) -> "EngineConfig":

@@ -55,7 +55,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         max_request_body_bytes=args.max_request_body_bytes, metrics_prefix=args.metrics_prefix,
         compat_metric_names=args.compat_metric_names, chat_template=read_chat_template(args.chat_template),
         shutdown_timeout=args.shutdown_timeout, return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
         host=args.host, port=args.port)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        _say("yoco-serve: error: --enable-auto-tool-choice needs --tool-call-parser (pythonic or json)")
+        return 2
     model = model_dir(args)
     _say(f"yoco-serve {yoco_rs.__version__}: loading {model or 'the bundled model yoco-tiny'}")
     try:

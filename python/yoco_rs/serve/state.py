@@ -31,6 +31,10 @@ class ServerSettings:
     """A chat template (Jinja text) overriding the checkpoint's."""
     shutdown_timeout: float = 30.0
     return_tokens_as_token_ids: bool = False
+    enable_auto_tool_choice: bool = False
+    """``tool_choice: "auto"`` allowed (vLLM's ``--enable-auto-tool-choice``); needs ``tool_call_parser``."""
+    tool_call_parser: Optional[str] = None
+    """``pythonic`` or ``json`` (serve/tools.py)."""
     host: str = "127.0.0.1"
     port: int = 8000
 

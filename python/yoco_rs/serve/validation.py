@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
 from yoco_rs.serve.body import describe_kind as _kind
+from yoco_rs.serve.structured import structured_outputs_of
 from yoco_rs.serve.errors import APIError, bad_request, from_value_error
 from yoco_rs.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
@@ -135,12 +136,22 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
     return text
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer, default_template: Optional[str]) -> Prompt:
-    """The prompt of a chat request: rendered conversation, tokenized (400 when it is empty)."""
-    text = render_chat(tokenizer, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+def chat_prompt(req: ChatCompletionRequest, tokenizer, default_template: Optional[str], tools=None) -> Prompt:
+    """The prompt of a chat request: rendered conversation, tokenized (400 when it is empty). With
+    ``tools`` (a ``serve.tools.ToolPlan`` in play) the tools reach the template, by default the shipped
+    tool-aware Gemma 3n template."""
+    messages = chat_messages(req.messages)
+    kwargs = dict(req.chat_template_kwargs or {})
+    template = req.chat_template or default_template
+    if tools is not None and tools.active:
+        from yoco_rs.serve.tools import template_messages, tool_template
+
+        messages = template_messages(messages, req.messages)
+        kwargs["tools"] = [{"type": "function", "function": f} for f in tools.tools]
+        template = template or tool_template()
+    text = render_chat(tokenizer, messages, add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
-                       chat_template=req.chat_template or default_template,
-                       chat_template_kwargs=req.chat_template_kwargs)
+                       chat_template=template, chat_template_kwargs=kwargs)
     ids = tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
     if not ids:
         raise bad_request("the rendered conversation is empty", "messages")
@@ -173,14 +184,7 @@ def reject_unsupported(req: SamplingFields, *, chat: bool) -> None:
         no("allowed_token_ids")
     if req.bad_words:
         no("bad_words")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        if getattr(req, name) is not None:
-            no(name, "(structured output) is not supported by yoco-serve")
-    rf = req.response_format
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind != "text":
-            no("response_format", f"{kind!r} is not supported by yoco-serve (only {{'type': 'text'}})")
+    # response_format / structured_outputs / guided_*: serve/structured.py (in sampling_params below).
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of is not supported (it must equal n={req.n} or be omitted), got {req.best_of}",
                           "best_of")
@@ -188,8 +192,7 @@ def reject_unsupported(req: SamplingFields, *, chat: bool) -> None:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if chat:
         assert isinstance(req, ChatCompletionRequest)
-        if req.tools and req.tool_choice not in (None, "none"):
-            no("tools", "(tool calling) is not supported by yoco-serve; omit tools or set tool_choice to 'none'")
+        # tools / tool_choice: serve/tools.py (plan_tools in chat.py).
         if req.echo:
             no("echo", "is not supported for chat completions")
         if req.top_logprobs is not None and not req.logprobs:
@@ -231,7 +234,7 @@ def context_error(limits: Limits, prompt_len: int, max_tokens: Optional[int], pr
 
 
 def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max_tokens: Optional[int],
-                    logprobs: Optional[int], stream: bool, prompt_param: str) -> SamplingParams:
+                    logprobs: Optional[int], stream: bool, prompt_param: str, constraint=None) -> SamplingParams:
     """``SamplingParams`` for one prompt; ``max_tokens`` None means "the rest of the context"."""
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be an integer >= 1 (or omitted for up to the context length), "
@@ -272,6 +275,7 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured_outputs_of(req, constraint),
     )
     try:
         return SamplingParams(**fields)
