@@ -322,7 +322,8 @@ class Engine:
             sampled = so.sampled.numpy()
             outcome = self._sched.update(sampled)
             updated = True
-            self._grammar_failed = self._grammars.advance(outcome)
+            self._grammars.advance(outcome)
+            self._grammar_failed += self._grammars.take_failed()
             now = time.monotonic()
             self._after_update(plan, rows, so, outcome, now, outputs)
         except BaseException as e:
@@ -484,11 +485,15 @@ class Engine:
         if self._grammar_failed:
             # A grammar that failed (token rejected, or a mask over llguidance's per-step budget) ends its
             # sequence with finish_reason "abort": the output is a prefix, not a valid document.
-            failed, self._grammar_failed = set(self._grammar_failed), []
-            for kk in np.nonzero(np.isin(ids, list(failed)))[0].tolist():
+            failed = set(self._grammar_failed)
+            hit = np.nonzero(np.isin(ids, list(failed)))[0].tolist()
+            for kk in hit:
                 if fin[kk] == 0:
                     self._sched.finish(int(ids[kk]), _FINISH_ABORT)
                 fin[kk] = _FINISH_ABORT
+            # Ones not sampled this step are ended when they next are (until then their mask is EOS only).
+            left = failed - {int(ids[kk]) for kk in hit}
+            self._grammar_failed = [i for i in left if i in self._seqs]
         for kk, w in zip(sidx.tolist(), swhich.tolist()):
             seq = self._seqs[int(ids[kk])]
             if fin[kk] == 0:

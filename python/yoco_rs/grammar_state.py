@@ -2,12 +2,14 @@
 
 Per step, O(1) calls into Rust whatever the number of constrained rows:
 
-1. after ``schedule``: ``start(plan)`` starts the masks of the step's constrained sampling rows on the
-   Rust thread pool (they depend only on tokens already appended), so they are computed while the
-   forward runs;
-2. after the forward: ``apply(plan, logits)`` waits for them (GIL released) and masks the logits in
-   place (``executor/grammar_mask.py``) before the sampler runs;
-3. after ``update``: ``advance(outcome)`` feeds every constrained sequence the token the core appended.
+1. after ``update`` of step N: ``advance(outcome)`` records the tokens the core appended (a copy of
+   two flat arrays; nothing is consumed yet);
+2. after ``schedule`` of step N+1: ``start(plan)`` starts, on the Rust thread pool, first the matchers'
+   advance by those tokens, then the masks of the step's constrained sampling rows, so both run while
+   the forward does;
+3. after the forward: ``apply(plan, logits)`` waits for them (GIL released) and masks the logits in
+   place (``executor/grammar_mask.py``) before the sampler runs. Sequences whose grammar failed while
+   advancing come back from ``take_failed`` (the engine ends them, ``finish_reason="abort"``).
 
 A sequence's matcher is added when it is submitted (each of ``n`` completions has its own) and removed
 when it finishes or is aborted. Preemption keeps the output tokens (only KV is recomputed), so the
@@ -38,6 +40,8 @@ class GrammarState:
         self._lock = threading.Lock()
         self.table = _core.MatcherTable(self._vocab, self._eos)
         self._started = False
+        self._pending: Optional[tuple[np.ndarray, np.ndarray]] = None
+        self._failed: list[int] = []
 
     @property
     def compiler(self) -> "_core.GrammarCompiler":
@@ -59,11 +63,16 @@ class GrammarState:
         self.table.remove(seq_id)
 
     def start(self, plan) -> None:
-        """Start the masks of the plan's constrained sampling rows (no-op without constrained sequences)."""
+        """Start the deferred advance and the masks of the plan's constrained sampling rows (no-op
+        without constrained sequences)."""
         self._started = False
-        if len(self.table) == 0 or plan.num_samples == 0:
+        if len(self.table) == 0:
+            self._pending = None
             return
-        self.table.start_masks(np.ascontiguousarray(plan.req_ids[plan.sample_rows], dtype=np.uint64))
+        adv_ids, adv_toks = self._pending if self._pending is not None else (None, None)
+        self._pending = None
+        self.table.start_masks(np.ascontiguousarray(plan.req_ids[plan.sample_rows], dtype=np.uint64),
+                               adv_ids, adv_toks)
         self._started = True
 
     def apply(self, plan, logits) -> None:
@@ -71,16 +80,28 @@ class GrammarState:
         if not self._started:
             return
         self._started = False
-        rows, bitmask = self.table.wait_masks()
+        rows, bitmask, failed = self.table.wait_masks()
+        self._failed.extend(failed)
         if len(rows):
             apply_token_bitmask_(logits, bitmask, np.asarray(plan.logits_cross_pos, dtype=np.int64)[rows])
 
-    def advance(self, outcome) -> list[int]:
-        """Feed the appended tokens; returns the sequence ids whose grammar rejected theirs."""
+    def advance(self, outcome) -> None:
+        """Record the appended tokens; the next ``start`` feeds them to the matchers off the loop. (A
+        step that did not reach ``start`` leaves them for the one after: they accumulate in order.)"""
         if len(self.table) == 0 or len(outcome) == 0:
-            return []
-        return self.table.advance(np.ascontiguousarray(outcome.req_ids, dtype=np.uint64),
-                                  np.ascontiguousarray(outcome.new_tokens, dtype=np.int32))
+            return
+        ids = np.array(outcome.req_ids, dtype=np.uint64)
+        toks = np.array(outcome.new_tokens, dtype=np.int32)
+        if self._pending is not None:
+            ids = np.concatenate([self._pending[0], ids])
+            toks = np.concatenate([self._pending[1], toks])
+        self._pending = (ids, toks)
+
+    def take_failed(self) -> list[int]:
+        """Sequences whose grammar failed (token rejected, or a mask over llguidance's per-step budget)
+        since the last call."""
+        f, self._failed = self._failed, []
+        return f
 
 
 __all__ = ["GrammarState"]

@@ -41,6 +41,8 @@ pub struct StepMasks {
     /// `[rows.len(), words]` packed bits, row-major.
     pub bitmask: Vec<i32>,
     pub words: usize,
+    /// Sequences whose grammar failed while the job advanced them (see `MatcherTable::advance`).
+    pub failed: Vec<u64>,
 }
 
 /// Masks being computed on the rayon pool (started before the forward, collected before sampling).
@@ -110,22 +112,33 @@ impl MatcherTable {
         Ok(s.error.is_none() && (s.matcher.is_stopped() || s.matcher.is_accepting().unwrap_or(false)))
     }
 
-    /// Start computing the masks of the constrained rows among `seq_ids` (one step's sampling rows)
-    /// on the rayon pool; `MaskJob::wait` collects them. With no constrained row nothing is spawned.
-    pub fn start_masks(&self, seq_ids: &[u64]) -> MaskJob {
+    /// Start a step's grammar work on the rayon pool and return at once: first advance `adv_ids` by
+    /// `adv_tokens` (the previous step's appended tokens, deferred to here so they too run while the
+    /// forward does), then compute the masks of the constrained rows among `seq_ids` (this step's
+    /// sampling rows). `MaskJob::wait` collects the masks and the failures. With nothing to do,
+    /// nothing is spawned.
+    pub fn start_masks(&self, seq_ids: &[u64], adv_ids: &[u64], adv_tokens: &[u32]) -> MaskJob {
         let work: Vec<(i64, SlotRef)> = seq_ids
             .iter()
             .enumerate()
             .filter_map(|(i, id)| self.seqs.get(id).map(|s| (i as i64, s.clone())))
             .collect();
+        let adv: Vec<(u64, u32, SlotRef)> = adv_ids
+            .iter()
+            .zip(adv_tokens)
+            .filter_map(|(id, &t)| self.seqs.get(id).map(|s| (*id, t, s.clone())))
+            .collect();
         let words = self.words;
-        if work.is_empty() {
-            return MaskJob { rx: None, ready: Some(StepMasks { rows: vec![], bitmask: vec![], words }) };
+        if work.is_empty() && adv.is_empty() {
+            return MaskJob { rx: None, ready: Some(StepMasks { words, ..StepMasks::default() }) };
         }
         let eos = self.eos_ids.clone();
         let (tx, rx) = mpsc::sync_channel(1);
         rayon::spawn(move || {
-            let _ = tx.send(compute(&work, words, &eos));
+            let failed = advance_all(&adv);
+            let mut m = compute(&work, words, &eos);
+            m.failed = failed;
+            let _ = tx.send(m);
         });
         MaskJob { rx: Some(Mutex::new(rx)), ready: None }
     }
@@ -145,12 +158,19 @@ impl MatcherTable {
     /// mask of this step exceeded llguidance's per-step budget (their masks now allow only EOS; the
     /// engine ends them).
     pub fn advance(&self, seq_ids: &[u64], tokens: &[u32]) -> Vec<u64> {
-        let work: Vec<(u64, u32, &SlotRef)> = seq_ids
+        let work: Vec<(u64, u32, SlotRef)> = seq_ids
             .iter()
             .zip(tokens)
-            .filter_map(|(id, &t)| self.seqs.get(id).map(|s| (*id, t, s)))
+            .filter_map(|(id, &t)| self.seqs.get(id).map(|s| (*id, t, s.clone())))
             .collect();
-        let advance_one = |(id, t, s): &(u64, u32, &SlotRef)| -> Option<u64> {
+        advance_all(&work)
+    }
+}
+
+/// Advance each sequence by its token (rows in parallel); the ids whose grammar failed since the
+/// last report.
+fn advance_all(work: &[(u64, u32, SlotRef)]) -> Vec<u64> {
+        let advance_one = |(id, t, s): &(u64, u32, SlotRef)| -> Option<u64> {
             let mut s = lock(s);
             if s.error.is_some() {
                 let first = !s.reported;
@@ -175,7 +195,6 @@ impl MatcherTable {
         } else {
             work.iter().filter_map(advance_one).collect()
         }
-    }
 }
 
 fn lock(s: &SlotRef) -> std::sync::MutexGuard<'_, Slot> {
@@ -188,7 +207,7 @@ fn compute(work: &[(i64, SlotRef)], words: usize, eos: &[u32]) -> StepMasks {
     bitmask.par_chunks_mut(words).zip(work.par_iter()).for_each(|(out, (_, slot))| {
         fill_row(&mut lock(slot), out, eos);
     });
-    StepMasks { rows: work.iter().map(|(i, _)| *i).collect(), bitmask, words }
+    StepMasks { rows: work.iter().map(|(i, _)| *i).collect(), bitmask, words, failed: vec![] }
 }
 
 /// One row: the grammar's allowed tokens, then the EOS ids set exactly when the grammar accepts.

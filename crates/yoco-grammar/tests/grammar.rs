@@ -123,7 +123,7 @@ fn background_masks_equal_inline_masks_and_skip_unconstrained_rows() {
     }
     let ids = [20u64, 10, 99, 30];
     let inline = table.masks(&ids);
-    let bg = table.start_masks(&ids).wait();
+    let bg = table.start_masks(&ids, &[], &[]).wait();
     assert_eq!(inline.rows, vec![1, 3]);
     assert_eq!(bg.rows, inline.rows);
     assert_eq!(bg.bitmask, inline.bitmask);
@@ -211,4 +211,23 @@ fn hostile_schemas_are_refused_or_compiled_within_the_budget() {
             assert!(matches!(e, GrammarError::Invalid { .. } | GrammarError::Timeout { .. }), "{e}");
         }
     }
+}
+
+#[test]
+fn deferred_advance_in_the_mask_job_equals_advancing_first() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap()).unwrap();
+    let mut t1 = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    let mut t2 = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    t1.add(1, &g).unwrap();
+    t2.add(1, &g).unwrap();
+    let a = tok.encode("a", false).unwrap().get_ids()[0];
+    let z = tok.encode("z", false).unwrap().get_ids()[0];
+    assert!(t1.advance(&[1], &[a]).is_empty());
+    let want = t1.masks(&[1]);
+    let got = t2.start_masks(&[1], &[1], &[a]).wait();
+    assert_eq!(got.bitmask, want.bitmask);
+    assert!(got.failed.is_empty());
+    let bad = t2.start_masks(&[1], &[1], &[z]).wait();
+    assert_eq!(bad.failed, vec![1]);
 }

@@ -93,12 +93,12 @@ pub struct PyMatcherTable {
     job: Option<MaskJob>,
 }
 
-type Masks<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>);
+type Masks<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>, Vec<u64>);
 
 fn masks_to_py(py: Python<'_>, m: StepMasks) -> PyResult<Masks<'_>> {
     let n = m.rows.len();
     let a = Array2::from_shape_vec((n, m.words), m.bitmask).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    Ok((m.rows.into_pyarray(py), a.into_pyarray(py)))
+    Ok((m.rows.into_pyarray(py), a.into_pyarray(py), m.failed))
 }
 
 #[pymethods]
@@ -142,15 +142,34 @@ impl PyMatcherTable {
         self.inner.is_accepting(seq_id).map_err(to_py)
     }
 
-    /// Start computing the masks of the constrained rows among `seq_ids` (one step's sampling rows, in
-    /// order) in the background; `wait_masks` collects them. Returns at once.
-    fn start_masks(&mut self, seq_ids: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
-        self.job = Some(self.inner.start_masks(seq_ids.as_slice()?));
+    /// Start a step's grammar work in the background and return at once: advance `adv_ids` by
+    /// `adv_tokens` (the previous step's tokens), then the masks of the constrained rows among
+    /// `seq_ids` (this step's sampling rows, in order); `wait_masks` collects them.
+    #[pyo3(signature = (seq_ids, adv_ids=None, adv_tokens=None))]
+    fn start_masks(
+        &mut self,
+        seq_ids: PyReadonlyArray1<'_, u64>,
+        adv_ids: Option<PyReadonlyArray1<'_, u64>>,
+        adv_tokens: Option<PyReadonlyArray1<'_, i32>>,
+    ) -> PyResult<()> {
+        let ids = match &adv_ids {
+            Some(a) => a.as_slice()?.to_vec(),
+            None => vec![],
+        };
+        let toks: Vec<u32> = match &adv_tokens {
+            Some(a) => a.as_slice()?.iter().map(|&t| t.max(0) as u32).collect(),
+            None => vec![],
+        };
+        if ids.len() != toks.len() {
+            return Err(PyValueError::new_err(format!("adv_ids and adv_tokens differ in length: {} vs {}", ids.len(), toks.len())));
+        }
+        self.job = Some(self.inner.start_masks(seq_ids.as_slice()?, &ids, &toks));
         Ok(())
     }
 
-    /// `(rows int64[C], bitmask int32[C, words])` of the job `start_masks` started (GIL released while
-    /// waiting): `rows` are positions into that call's `seq_ids`.
+    /// `(rows int64[C], bitmask int32[C, words], failed list[int])` of the job `start_masks` started
+    /// (GIL released while waiting): `rows` are positions into that call's `seq_ids`; `failed` the
+    /// sequences whose grammar failed while the job advanced them.
     fn wait_masks<'py>(&mut self, py: Python<'py>) -> PyResult<Masks<'py>> {
         let job = self.job.take().ok_or_else(|| PyRuntimeError::new_err("wait_masks without start_masks"))?;
         let m = py.detach(|| job.wait());
