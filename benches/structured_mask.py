@@ -75,7 +75,7 @@ def bench(tokenizer_json: str, rows_list, steps: int) -> list[dict]:
         times = []
         for step in range(steps):
             t = time.perf_counter()
-            r, bm = table.masks(ids)
+            r, bm, _ = table.masks(ids)
             times.append(time.perf_counter() - t)
             bits = np.unpackbits(bm.view(np.uint8), bitorder="little").reshape(rows, -1)[:, :vocab]
             toks = np.zeros(rows, dtype=np.int32)
