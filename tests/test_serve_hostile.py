@@ -133,30 +133,35 @@ LIMITS = [
 ]
 
 UNSUPPORTED = [
-    ("tools_without_tool_choice", CHAT, {"messages": USER, "tools": [
-        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools", ["tool calling"]),
-    ("tools_with_auto", CHAT, {"messages": USER, "tool_choice": "auto", "tools": [
-        {"type": "function", "function": {"name": "f"}}]}, 400, "tools", ["tool calling"]),
+    ("tools_without_tool_choice_means_auto", CHAT, {"messages": USER, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tool_choice",
+     ["--enable-auto-tool-choice"]),
+    ("tools_with_auto_not_enabled", CHAT, {"messages": USER, "tool_choice": "auto", "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", ["--enable-auto-tool-choice"]),
     ("tool_choice_required_alone", CHAT, {"messages": USER, "tool_choice": "required"}, 400, "tool_choice",
-     ["tool calling"]),
+     ["needs tools"]),
+    ("tool_choice_names_an_unknown_function", CHAT, {"messages": USER, "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {
+            "name": "g"}}}, 400, "tool_choice", ["'g'"]),
     ("tools_with_choice_none_ok", CHAT, {"messages": USER, "max_tokens": 1, "tool_choice": "none", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, OK, None, []),
     ("functions_legacy", CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions", ["tool calling"]),
     ("function_call_legacy", CHAT, {"messages": USER, "function_call": "auto"}, 400, "function_call",
      ["tool calling"]),
-    ("response_format_json_schema", CHAT, {"messages": USER, "response_format": {"type": "json_schema",
-                                                                                 "json_schema": {"name": "x"}}},
-     400, "response_format", ["'json_schema' is not supported"]),
-    ("response_format_on_completions", C, {"prompt": "x", "response_format": {"type": "json_object"}}, 400,
-     "response_format", ["not supported"]),
+    ("response_format_json_schema_without_schema", CHAT, {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x"}}}, 400, "response_format", ["schema is required"]),
+    ("response_format_unknown_type", C, {"prompt": "x", "response_format": {"type": "yaml"}}, 400,
+     "response_format", ["'yaml'"]),
+    ("response_format_json_object_on_completions_ok", C, {"prompt": "x", "max_tokens": 8,
+                                                          "response_format": {"type": "json_object"}}, OK, None, []),
     ("response_format_text_ok", CHAT, {"messages": USER, "max_tokens": 1, "response_format": {"type": "text"}}, OK,
      None, []),
-    ("guided_json", C, {"prompt": "x", "guided_json": {"type": "object"}}, 400, "guided_json", ["structured output"]),
-    ("guided_choice", CHAT, {"messages": USER, "guided_choice": ["a", "b"]}, 400, "guided_choice",
-     ["structured output"]),
-    ("guided_regex", C, {"prompt": "x", "guided_regex": "a+"}, 400, "guided_regex", ["structured output"]),
-    ("structured_outputs", CHAT, {"messages": USER, "structured_outputs": {"json": {}}}, 400, "structured_outputs",
-     ["structured output"]),
+    ("guided_json_ok", C, {"prompt": "x", "max_tokens": 8, "guided_json": {"type": "object"}}, OK, None, []),
+    ("guided_choice_ok", CHAT, {"messages": USER, "guided_choice": ["a", "b"]}, OK, None, []),
+    ("two_structured_constraints", C, {"prompt": "x", "guided_regex": "a+", "guided_choice": ["a"]}, 400,
+     ANY, ["only one structured output constraint"]),
+    ("structured_outputs_not_an_object", CHAT, {"messages": USER, "structured_outputs": 5}, 400,
+     "structured_outputs", []),
     ("audio_output", CHAT, {"messages": USER, "audio": {"voice": "alloy"}}, 400, "audio", ["not supported"]),
     ("modalities_audio", CHAT, {"messages": USER, "modalities": ["text", "audio"]}, 400, "modalities",
      ["not supported"]),

@@ -21,6 +21,7 @@ _EXPORTS = {
     "EngineConfig": "yoco_rs.config",
     "SamplingParams": "yoco_rs.sampling_params",
     "RequestOutputKind": "yoco_rs.sampling_params",
+    "StructuredOutputsParams": "yoco_rs.structured_outputs",
     "RequestOutput": "yoco_rs.outputs",
     "CompletionOutput": "yoco_rs.outputs",
     "RequestMetrics": "yoco_rs.outputs",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # static tools see the real names
     from yoco_rs.metrics import EngineMetrics, HistogramSnapshot
     from yoco_rs.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
     from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
+    from yoco_rs.structured_outputs import StructuredOutputsParams
     from yoco_rs.tokenizer import Tokenizer
 
 

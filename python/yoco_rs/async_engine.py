@@ -374,7 +374,12 @@ class AsyncEngine:
             await self.wait_ready()
         eng = self._engine
         arrival = time.monotonic()
-        proc, params = eng._prepare(prompt, params or eng.get_default_sampling_params())
+        params = params or eng.get_default_sampling_params()
+        if params.structured_outputs is not None:
+            # Grammar compilation (GIL released, under its time budget) must not block the event loop.
+            proc, params = await asyncio.to_thread(eng._prepare, prompt, params)
+        else:
+            proc, params = eng._prepare(prompt, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._streams:
             raise ValueError(f"request_id {rid!r} is already in use by an unfinished request")

@@ -88,6 +88,11 @@ class EngineConfig:
     """Where requests' default sampling fields come from (vLLM's ``--generation-config``): ``auto``, the
     checkpoint's generation_config.json; ``vllm``, none (temperature 1, no filters); or a directory
     holding a generation_config.json. Fields a request sets always win."""
+    structured_outputs_config: Optional[dict] = None
+    """Structured-output settings (vLLM's ``--structured-outputs-config``): ``backend`` (``auto``,
+    ``guidance`` or ``llguidance``: the only engine), ``disable_any_whitespace``, and the compile
+    budget: ``time_budget_ms`` (10000), ``max_grammar_size`` (500000), ``initial_lexer_fuel``,
+    ``max_in_flight`` (4), ``cache_size`` (256)."""
 
     def __post_init__(self) -> None:
         self._validate()
@@ -149,6 +154,11 @@ class EngineConfig:
         from yoco_rs.kv_events import KVEventsConfig
 
         self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
+
+        if self.structured_outputs_config is not None:
+            from yoco_rs.structured_outputs import check_structured_outputs_config
+
+            check_structured_outputs_config(self.structured_outputs_config)
 
     @classmethod
     def from_kwargs(cls, model=None, **kwargs) -> "EngineConfig":

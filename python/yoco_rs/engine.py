@@ -23,6 +23,7 @@ from yoco_rs import _core
 from yoco_rs.config import EngineConfig
 from yoco_rs.executor.batch import ForwardBatch
 from yoco_rs.executor.sampler import RowParams, logprobs_topk
+from yoco_rs.grammar_state import GrammarState
 from yoco_rs.inputs import PromptType, is_single_prompt, process_prompt
 from yoco_rs.metrics import EngineMetrics, MetricsRecorder
 from yoco_rs.outputs import RequestOutput
@@ -90,6 +91,9 @@ class Engine:
         self._last_plan_rows = 0
         self.last_failed_request_ids: list[str] = []
         """The requests the last failed ``step()`` aborted (``AsyncEngine`` fails their streams)."""
+        self._grammar_failed: list[int] = []
+        self._grammars = GrammarState(rt.tokenizer.tokenizer_file, rt.vocab_size, self._eos,
+                                      limits=rt.config.structured_outputs_config)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -210,6 +214,8 @@ class Engine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.check_against(max_logprobs=self.config.max_logprobs, vocab_size=self._rt.vocab_size)
         proc = process_prompt(prompt, self._tok, self._rt.vocab_size)
+        # Structured outputs compile here, off the step loop (GIL released, under a time budget).
+        proc.grammar = self._grammars.compile(params.structured_outputs) if params.structured_outputs else None
         p, limit = len(proc.token_ids), self.max_model_len
         if p >= limit:
             raise ValueError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
@@ -253,6 +259,8 @@ class Engine:
                     stop_token_ids=stop_ids, ignore_eos=params.ignore_eos, priority=priority,
                     cache_salt=proc.cache_salt, prompt_logprobs=plp, after=first)
                 added.append(cid)
+                if getattr(proc, "grammar", None) is not None:
+                    self._grammars.add(cid, proc.grammar)
                 self._text.add(cid, proc.token_ids, skip_special_tokens=params.skip_special_tokens,
                                include_stop_str_in_output=params.include_stop_str_in_output,
                                stop=params.stop or [], stream=seq.stream, detokenize=params.detokenize)
@@ -266,6 +274,7 @@ class Engine:
             for cid in added:
                 self._sched.abort(cid)
                 self._text.remove(cid)
+                self._grammars.remove(cid)
                 self._seqs.pop(cid, None)
                 self._plp.pop(cid, None)
             raise
@@ -317,13 +326,17 @@ class Engine:
             now = time.monotonic()
             self._admit(plan, now)
             rows = plan.req_rows[plan.sample_rows]
+            self._grammars.start(plan)  # constrained rows' masks, computed while the forward runs
             logits = self._runner.execute(self._forward_batch(plan))
+            self._grammars.apply(plan, logits)
             so = self._sampler.sample(logits, plan.logits_cross_pos, rows)
             if self._plp:
                 self._prompt_logprobs(plan, logits)
             sampled = so.sampled.numpy()
             outcome = self._sched.update(sampled)
             updated = True
+            self._grammars.advance(outcome)
+            self._grammar_failed += self._grammars.take_failed()
             now = time.monotonic()
             self._after_update(plan, rows, so, outcome, now, outputs)
         except BaseException as e:
@@ -483,6 +496,18 @@ class Engine:
         didx, deltas, sidx, swhich = self._text.step(ids, toks, fin)
         fin = fin.copy()
         stop_strings: dict[int, str] = {}
+        if self._grammar_failed:
+            # A grammar that failed (token rejected, or a mask over llguidance's per-step budget) ends its
+            # sequence with finish_reason "abort": the output is a prefix, not a valid document.
+            failed = set(self._grammar_failed)
+            hit = np.nonzero(np.isin(ids, list(failed)))[0].tolist()
+            for kk in hit:
+                if fin[kk] == 0:
+                    self._sched.finish(int(ids[kk]), _FINISH_ABORT)
+                fin[kk] = _FINISH_ABORT
+            # Ones not sampled this step are ended when they next are (until then their mask is EOS only).
+            left = failed - {int(ids[kk]) for kk in hit}
+            self._grammar_failed = [i for i in left if i in self._seqs]
         for kk, w in zip(sidx.tolist(), swhich.tolist()):
             seq = self._seqs[int(ids[kk])]
             if fin[kk] == 0:
@@ -555,6 +580,7 @@ class Engine:
         seq.finish_reason = FINISH_NAMES[code]
         seq.stop_reason = stop_reason
         taken = self._text.take(seq.core_id)
+        self._grammars.remove(seq.core_id)
         if taken is not None and not seq.stream:
             seq.text, ids = taken
             seq.token_ids = ids.tolist()

@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+from yoco_rs.structured_outputs import StructuredOutputsParams
+
 #: Temperatures below this sample greedily (top_p, top_k and min_p are then ignored), as in vLLM.
 GREEDY_EPS = 1e-5
 
@@ -105,6 +107,10 @@ class SamplingParams:
     """False: return token ids only (``text`` stays empty; stop strings then need detokenize)."""
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     """What each streamed output holds; see ``RequestOutputKind``."""
+    structured_outputs: Optional[StructuredOutputsParams] = None
+    """Constrain the output to a JSON Schema, any JSON object, a regex, a choice or a Lark grammar
+    (vLLM's ``StructuredOutputsParams``; a dict of its fields is accepted). Masked in the sampler, so
+    ``logprobs`` are those of the masked distribution."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +119,8 @@ class SamplingParams:
             self.stop = list(self.stop)
         if self.stop_token_ids is not None:
             self.stop_token_ids = list(self.stop_token_ids)
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_any(self.structured_outputs)
         if not isinstance(self.output_kind, RequestOutputKind):
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)

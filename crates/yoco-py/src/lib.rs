@@ -6,6 +6,7 @@
 mod arrays;
 mod convert;
 mod errors;
+mod grammar; // yoco-grammar binding (structured outputs)
 mod mock;
 mod plan;
 mod scheduler;
@@ -38,5 +39,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, r as u8)?;
     }
     text::register(m)?; // engine: TextBatch
+    grammar::register(m)?; // structured outputs: GrammarCompiler, CompiledGrammar, MatcherTable
     Ok(())
 }

@@ -181,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
           help="defaults of the sampling fields a request leaves unset (temperature, top_k, top_p, min_p, "
                "repetition_penalty): auto, the model's generation_config.json; vllm, none; PATH, a directory "
                "holding a generation_config.json")
+    # Structured outputs and tool calling (serve/structured.py, serve/tools.py).
+    p.add("--structured-outputs-config", type=_json_object, metavar="JSON",
+          help="structured-output settings as JSON, vLLM's names where they apply: backend (auto|guidance|"
+               "llguidance), disable_any_whitespace, and the compile budget time_budget_ms (10000), "
+               "max_grammar_size (500000), max_in_flight (4), cache_size (256)")
+    p.add("--enable-auto-tool-choice", action="store_true",
+          help="let the model decide to call tools (tool_choice 'auto'); needs --tool-call-parser")
+    p.add("--tool-call-parser", choices=("pythonic", "json"),
+          help="how tool calls appear in the model's text: pythonic ([f(a=1)], vLLM's Gemma 3 format) or json "
+               "(<tool_call>{...}</tool_call>); see docs/serving.md")
     return p
 
 
@@ -201,11 +211,21 @@ def _add_hardening_flags(p: _Parser) -> None:
                "failure only fails the requests of that step")
 
 
+def _json_object(s: str) -> dict:
+    import json
+
+    v = json.loads(s)
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a JSON object, got {s}")
+    return v
+
+
 #: CLI dest -> EngineConfig field, for the flags that are engine settings.
 ENGINE_FLAGS = ("tokenizer", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "sub_block_size", "enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager",
                 "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs",
-                "per_layer_embeddings_on_device", "kv_events_config", "generation_config")
+                "per_layer_embeddings_on_device", "kv_events_config", "generation_config",
+                "structured_outputs_config")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

@@ -64,7 +64,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         host=args.host, port=args.port, max_n=args.max_n, max_prompts_per_request=args.max_prompts_per_request,
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template_seconds=args.chat_template_timeout, allowed_origins=list(args.allowed_origins or []),
-        enable_docs=not args.disable_fastapi_docs)
+        enable_docs=not args.disable_fastapi_docs,
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        _say("yoco-serve: error: --enable-auto-tool-choice needs --tool-call-parser (pythonic or json)")
+        return 2
     model = model_dir(args)
     _say(f"yoco-serve {yoco_rs.__version__}: loading {model or 'the bundled model yoco-tiny'}")
     try:

@@ -53,7 +53,7 @@ async def render_completion(state, request: Request) -> list[dict]:
 async def render_chat_completion(state, request: Request) -> dict:
     """``POST /v1/chat/completions/render``: the conversation rendered by the chat template, tokenized."""
     req = await parse_body(request, ChatCompletionRequest)
-    model, prompt, sp = await chat_inputs(state, req)
+    model, prompt, sp, _ = await chat_inputs(state, req)
     return _generate_request(new_id("chatcmpl"), prompt, sp, model, req)
 
 

@@ -50,6 +50,10 @@ class ServerSettings:
     """CORS origins; empty: no CORS headers at all (browsers block cross-origin reads)."""
     enable_docs: bool = True
     """Serve ``/docs`` and ``/openapi.json``."""
+    enable_auto_tool_choice: bool = False
+    """``tool_choice: "auto"`` allowed (vLLM's ``--enable-auto-tool-choice``); needs ``tool_call_parser``."""
+    tool_call_parser: Optional[str] = None
+    """``pythonic`` or ``json`` (serve/tools.py)."""
     host: str = "127.0.0.1"
     port: int = 8000
 

@@ -1,8 +1,8 @@
 """Request fields yoco-serve knows but does not implement: each is refused with a 400 that names it,
 never silently ignored (a client asking for JSON output or a tool call must not get free text).
 
-One table, ``UNSUPPORTED``: the structured-output and tool-calling work replaces its rows with real
-implementations. Fields nobody knows are ignored, as vLLM does (``protocol``'s ``extra="allow"``).
+One table, ``UNSUPPORTED``. Structured outputs and tools are implemented (``serve/structured.py``,
+``serve/tools.py``); fields nobody knows are ignored, as vLLM does (``protocol``'s ``extra="allow"``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any, Callable, Optional
 
 from yoco_rs.serve.errors import bad_request
 
-STRUCTURED = "(structured output) is not supported by yoco-serve"
 TOOLS = "(tool calling) is not supported by yoco-serve"
 
 
@@ -24,23 +23,6 @@ def _nonempty(v) -> bool:
     return v is not None and v != [] and v != {} and v != ""
 
 
-def _response_format(v) -> Optional[str]:
-    if v is None:
-        return None
-    kind = v.get("type") if isinstance(v, dict) else None
-    return None if kind == "text" else f"{kind!r} is not supported by yoco-serve (only {{'type': 'text'}})"
-
-
-def _tool_choice(v) -> Optional[str]:
-    return None if v in (None, "none") else f"{v!r} {TOOLS} (omit it or use 'none')"
-
-
-def _tools(v, req) -> Optional[str]:
-    if not _nonempty(v) or _value(req, "tool_choice") == "none":
-        return None
-    return f"{TOOLS}; omit tools or set tool_choice to 'none'"
-
-
 def _modalities(v) -> Optional[str]:
     return None if v is None or v == ["text"] else f"{v!r} is not supported by yoco-serve (only ['text'])"
 
@@ -51,16 +33,8 @@ def _flag(why: str, present: Callable[[Any], bool] = _set) -> Callable[[Any], Op
 
 #: field -> (endpoints it applies to, check: the value -> None if fine, else why it is refused).
 UNSUPPORTED: dict[str, tuple[tuple[str, ...], Callable[[Any], Optional[str]]]] = {
-    # structured outputs (issue 15 replaces these)
-    "response_format": (("chat", "completion"), _response_format),
-    "guided_json": (("chat", "completion"), _flag(STRUCTURED)),
-    "guided_regex": (("chat", "completion"), _flag(STRUCTURED)),
-    "guided_choice": (("chat", "completion"), _flag(STRUCTURED)),
-    "guided_grammar": (("chat", "completion"), _flag(STRUCTURED)),
-    "structured_outputs": (("chat", "completion"), _flag(STRUCTURED)),
-    # tool calling (issue 15 replaces these)
-    "tools": (("chat",), _tools),
-    "tool_choice": (("chat",), _tool_choice),
+    # response_format, structured_outputs, guided_*: serve/structured.py; tools, tool_choice: serve/tools.py
+    # legacy function calling (before tools)
     "functions": (("chat",), _flag(f"{TOOLS}; omit functions", _nonempty)),
     "function_call": (("chat",), _flag(TOOLS)),
     # sampling controls the sampler does not implement
@@ -90,7 +64,7 @@ def reject_unsupported(req, *, chat: bool) -> None:
     endpoint = "chat" if chat else "completion"
     for name, (endpoints, check) in UNSUPPORTED.items():
         if endpoint in endpoints:
-            why = check(_value(req, name), req) if check is _tools else check(_value(req, name))
+            why = check(_value(req, name))
             if why is not None:
                 raise bad_request(f"{name} {why}", name)
     if req.best_of is not None and req.best_of != req.n:

@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
 from yoco_rs.serve.body import describe_kind as _kind
+from yoco_rs.serve.structured import structured_outputs_of
 from yoco_rs.serve.errors import APIError, bad_request, from_value_error
 from yoco_rs.serve.protocol import INT32_MAX, INT32_MIN, ChatCompletionRequest, ChatMessage, CompletionRequest, \
     SamplingFields
@@ -209,12 +210,22 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer, template: Optional[str], limits: Limits,
-                budget=None) -> Prompt:
+                budget=None, tools=None) -> Prompt:
     """The prompt of a chat request: rendered conversation (under ``budget``), tokenized (400 when it is
-    empty or cannot fit). Thread-safe: the server runs it off the event loop."""
-    text = render_chat(tokenizer, chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+    empty or cannot fit). Thread-safe: the server runs it off the event loop. With ``tools`` (a
+    ``serve.tools.ToolPlan`` in play) the tools reach the template, by default the shipped tool-aware
+    Gemma 3n template."""
+    messages = chat_messages(req.messages)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if tools is not None and tools.active:
+        from yoco_rs.serve.tools import template_messages, tool_template
+
+        messages = template_messages(messages, req.messages)
+        kwargs["tools"] = [{"type": "function", "function": f} for f in tools.tools]
+        template = template or tool_template()
+    text = render_chat(tokenizer, messages, add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message, chat_template=template,
-                       chat_template_kwargs=req.chat_template_kwargs, budget=budget)
+                       chat_template_kwargs=kwargs, budget=budget)
     ids = encode_text(tokenizer, text, add_special_tokens=req.add_special_tokens,
                       truncate_to=_truncate_k(req.truncate_prompt_tokens, limits), limits=limits,
                       where="the rendered conversation", param="messages")
@@ -267,7 +278,7 @@ def context_error(limits: Limits, prompt_len: int, max_tokens: Optional[int], pr
 
 
 def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max_tokens: Optional[int],
-                    logprobs: Optional[int], stream: bool, prompt_param: str) -> SamplingParams:
+                    logprobs: Optional[int], stream: bool, prompt_param: str, constraint=None) -> SamplingParams:
     """``SamplingParams`` for one prompt; ``max_tokens`` None means "the rest of the context"."""
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be an integer >= 1 (or omitted for up to the context length), "
@@ -314,6 +325,7 @@ def sampling_params(req: SamplingFields, *, prompt_len: int, limits: Limits, max
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured_outputs_of(req, constraint),
     )
     try:
         return SamplingParams(**fields)

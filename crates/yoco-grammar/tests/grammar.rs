@@ -1,0 +1,233 @@
+//! yoco-grammar end to end on the bundled tokenizer: masks allow exactly what the grammar can continue
+//! with, EOS only where it accepts, compiled grammars are cached by canonical text, bad grammars and
+//! hostile ones are errors within the budget. Token ids come from the tokenizer, never hard-coded.
+
+use std::time::Instant;
+
+use yoco_grammar::{CompileLimits, GrammarCompiler, GrammarError, GrammarKind, GrammarSpec, MatcherTable};
+
+const TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../python/yoco_rs/default_model/tokenizer.json");
+
+fn tokenizer() -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(TOKENIZER).unwrap()
+}
+
+fn eos_ids(t: &tokenizers::Tokenizer) -> Vec<u32> {
+    ["<eos>", "<end_of_turn>"].iter().filter_map(|s| t.token_to_id(s)).collect()
+}
+
+/// A compiler whose masks are wider than the tokenizer (padding rows, as models have).
+fn setup(extra_vocab: usize, limits: CompileLimits) -> (GrammarCompiler, tokenizers::Tokenizer, usize) {
+    let t = tokenizer();
+    let n = t.get_vocab_size(true);
+    let bytes = std::fs::read(TOKENIZER).unwrap();
+    let c = GrammarCompiler::from_tokenizer_json(&bytes, n + extra_vocab, &eos_ids(&t), limits).unwrap();
+    (c, t, n)
+}
+
+fn allowed(mask: &[i32], tok: u32) -> bool {
+    (mask[(tok / 32) as usize] >> (tok % 32)) & 1 != 0
+}
+
+fn allowed_ids(mask: &[i32], vocab: usize) -> Vec<u32> {
+    (0..vocab as u32).filter(|&t| allowed(mask, t)).collect()
+}
+
+/// Drive one sequence greedily through the grammar, always taking the lowest allowed non-EOS id, until
+/// only EOS is allowed; returns the decoded text.
+fn walk(table: &MatcherTable, id: u64, tok: &tokenizers::Tokenizer, eos: &[u32], vocab: usize) -> String {
+    let mut out = vec![];
+    for _ in 0..200 {
+        let m = table.masks(&[id]);
+        assert_eq!(m.rows, vec![0]);
+        let ids = allowed_ids(&m.bitmask, vocab);
+        let next = ids.iter().copied().find(|t| !eos.contains(t));
+        match next {
+            None => {
+                assert!(eos.iter().all(|&e| allowed(&m.bitmask, e)), "a finished grammar allows every EOS id");
+                return tok.decode(&out, false).unwrap();
+            }
+            Some(t) => {
+                assert!(table.advance(&[id], &[t]).is_empty());
+                out.push(t);
+            }
+        }
+    }
+    panic!("grammar did not finish")
+}
+
+#[test]
+fn regex_walk_spells_the_only_string_and_eos_comes_only_at_the_end() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let eos = c.eos_ids().to_vec();
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "hello world").unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), &eos);
+    table.add(7, &g).unwrap();
+    let first = table.masks(&[7]);
+    assert!(eos.iter().all(|&e| !allowed(&first.bitmask, e)), "EOS before the grammar accepts");
+    assert_eq!(walk(&table, 7, &tok, &eos, c.vocab_size()), "hello world");
+    assert!(table.is_accepting(7).unwrap());
+}
+
+#[test]
+fn choice_masks_allow_only_prefixes_of_the_choices() {
+    let (c, tok, n) = setup(0, CompileLimits::default());
+    let eos = c.eos_ids().to_vec();
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["yes", "no"]"#).unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), &eos);
+    table.add(1, &g).unwrap();
+    let m = table.masks(&[1]);
+    let ids = allowed_ids(&m.bitmask, n);
+    assert!(!ids.is_empty());
+    for t in ids {
+        let s = tok.decode(&[t], false).unwrap();
+        assert!("yes".starts_with(&s) || "no".starts_with(&s), "token {t} ({s:?}) is not a prefix of a choice");
+    }
+}
+
+#[test]
+fn json_schema_walk_produces_a_document_the_schema_accepts() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let eos = c.eos_ids().to_vec();
+    let schema = r#"{"type":"object","properties":{"a":{"type":"integer","minimum":3,"maximum":3},"b":{"const":"x"}},"required":["a","b"],"additionalProperties":false,"x-guidance":{"whitespace_flexible":false}}"#;
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), &eos);
+    table.add(1, &g).unwrap();
+    let text = walk(&table, 1, &tok, &eos, c.vocab_size());
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v, serde_json::json!({"a": 3, "b": "x"}));
+}
+
+#[test]
+fn padding_ids_beyond_the_tokenizer_are_never_allowed() {
+    let (c, _tok, n) = setup(100, CompileLimits::default());
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    table.add(1, &g).unwrap();
+    let m = table.masks(&[1]);
+    assert_eq!(m.words, (n + 100).div_ceil(32));
+    assert!((n as u32..(n + 100) as u32).all(|t| !allowed(&m.bitmask, t)));
+}
+
+#[test]
+fn background_masks_equal_inline_masks_and_skip_unconstrained_rows() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let g1 = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap()).unwrap();
+    let g2 = c.compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    table.add(10, &g1).unwrap();
+    table.add(30, &g2).unwrap();
+    let a = tok.encode("ab", false).unwrap().get_ids().to_vec();
+    for &t in &a {
+        assert!(table.advance(&[10, 20], &[t, 5]).is_empty());
+    }
+    let ids = [20u64, 10, 99, 30];
+    let inline = table.masks(&ids);
+    let bg = table.start_masks(&ids, &[], &[]).wait();
+    assert_eq!(inline.rows, vec![1, 3]);
+    assert_eq!(bg.rows, inline.rows);
+    assert_eq!(bg.bitmask, inline.bitmask);
+}
+
+#[test]
+fn n_matchers_of_one_grammar_are_independent() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["alpha", "beta"]"#).unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    table.add(1, &g).unwrap();
+    table.add(2, &g).unwrap();
+    let before = table.masks(&[2]).bitmask;
+    let t = tok.encode("alpha", false).unwrap().get_ids().to_vec();
+    for &x in &t {
+        assert!(table.advance(&[1], &[x]).is_empty());
+    }
+    assert!(table.is_accepting(1).unwrap());
+    assert!(!table.is_accepting(2).unwrap());
+    assert_eq!(table.masks(&[2]).bitmask, before);
+}
+
+#[test]
+fn a_rejected_token_stops_the_sequence_with_eos_only() {
+    let (c, tok, n) = setup(0, CompileLimits::default());
+    let eos = c.eos_ids().to_vec();
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "abc").unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), &eos);
+    table.add(1, &g).unwrap();
+    let z = tok.encode("z", false).unwrap().get_ids()[0];
+    assert_eq!(table.advance(&[1], &[z]), vec![1]);
+    assert!(table.error(1).unwrap().contains("rejected"));
+    let m = table.masks(&[1]);
+    let mut want = eos.clone();
+    want.sort();
+    assert_eq!(allowed_ids(&m.bitmask, n), want);
+}
+
+#[test]
+fn compiled_grammars_are_cached_by_canonical_text() {
+    let (c, _, _) = setup(0, CompileLimits::default());
+    let a = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, r#"{"type": "integer"}"#).unwrap()).unwrap();
+    let b = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, "{\n  \"type\":\"integer\" }").unwrap()).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    assert_eq!(c.cached(), 1);
+    c.compile(&GrammarSpec::parse(GrammarKind::Regex, "integer").unwrap()).unwrap();
+    c.compile(&GrammarSpec::parse(GrammarKind::Lark, r#"start: "integer""#).unwrap()).unwrap();
+    assert_eq!(c.cached(), 3);
+}
+
+#[test]
+fn bad_grammars_are_invalid_errors_naming_the_problem() {
+    let (c, _, _) = setup(0, CompileLimits::default());
+    let cases = [
+        (GrammarKind::JsonSchema, r#"{"type": "nosuchtype"}"#, "nosuchtype"),
+        (GrammarKind::Regex, "(unclosed", "regex"),
+        (GrammarKind::Lark, "start: missing_rule", "missing_rule"),
+        (GrammarKind::Lark, "this is not lark", "grammar"),
+    ];
+    for (kind, text, needle) in cases {
+        let e = GrammarSpec::parse(kind, text).and_then(|s| c.compile(&s)).map(|_| ()).unwrap_err();
+        assert!(matches!(e, GrammarError::Invalid { .. }), "{kind:?} {text}: {e}");
+        assert!(e.to_string().contains(needle), "{kind:?} {text}: {e}");
+    }
+}
+
+#[test]
+fn hostile_schemas_are_refused_or_compiled_within_the_budget() {
+    let limits = CompileLimits { time_budget_ms: 2_000, ..CompileLimits::default() };
+    let (c, _, _) = setup(0, limits);
+    let mut deep = String::from(r#"{"type":"integer"}"#);
+    for _ in 0..300 {
+        deep = format!(r#"{{"type":"object","properties":{{"a":{deep}}},"required":["a"]}}"#);
+    }
+    let huge_enum = serde_json::json!({"enum": (0..200_000).map(|i| format!("value-{i}")).collect::<Vec<_>>()}).to_string();
+    let nested_patterns = r#"{"type":"string","pattern":"^((a|b)*(c|d)*){1,50}(e{1,30}f{1,30}){1,30}$"}"#;
+    for schema in [deep, huge_enum, nested_patterns.to_string()] {
+        let spec = GrammarSpec::parse(GrammarKind::JsonSchema, &schema);
+        let t0 = Instant::now();
+        let r = spec.and_then(|s| c.compile(&s));
+        let dt = t0.elapsed();
+        // The budget bounds the wait for the compile thread (plus scheduling slack on a loaded machine).
+        assert!(dt.as_millis() < 3_000, "took {dt:?}");
+        if let Err(e) = r {
+            assert!(matches!(e, GrammarError::Invalid { .. } | GrammarError::Timeout { .. }), "{e}");
+        }
+    }
+}
+
+#[test]
+fn deferred_advance_in_the_mask_job_equals_advancing_first() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap()).unwrap();
+    let mut t1 = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    let mut t2 = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    t1.add(1, &g).unwrap();
+    t2.add(1, &g).unwrap();
+    let a = tok.encode("a", false).unwrap().get_ids()[0];
+    let z = tok.encode("z", false).unwrap().get_ids()[0];
+    assert!(t1.advance(&[1], &[a]).is_empty());
+    let want = t1.masks(&[1]);
+    let got = t2.start_masks(&[1], &[1], &[a]).wait();
+    assert_eq!(got.bitmask, want.bitmask);
+    assert!(got.failed.is_empty());
+    let bad = t2.start_masks(&[1], &[1], &[z]).wait();
+    assert_eq!(bad.failed, vec![1]);
+}

@@ -1,0 +1,195 @@
+"""Tool calling over HTTP with the official ``openai`` client: ``tool_choice`` required / named (enforced
+by a grammar over the tools' parameter schemas), auto (the pythonic parser), none; ``tool_calls`` in
+responses and in streamed deltas, ``finish_reason: "tool_calls"``, and a round trip with the tool's
+result in the conversation. Plus the pieces alone: validation, parsers, the Gemma 3n tool template."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from structured_server import structured_fixture
+from yoco_rs.serve.errors import APIError
+from yoco_rs.serve.tools import ToolPlan, parse_tool_calls, plan_tools, tool_template
+from yoco_rs.tokenizer import Tokenizer
+
+srv = pytest.fixture(scope="module")(structured_fixture)
+MODEL = "yoco-tiny"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                            "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _check_calls(calls):
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+def _stream_calls(stream):
+    calls, content, reason = {}, "", None
+    for chunk in stream:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                cur = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+                cur["name"] += tc.function.name or ""
+                cur["arguments"] += tc.function.arguments or ""
+            reason = ch.finish_reason or reason
+    return [calls[i] for i in sorted(calls)], content, reason
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_required_tool_choice_returns_valid_tool_calls(client, temperature):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
+                                       max_tokens=150, temperature=temperature, seed=4)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.content is None
+    _check_calls(c.message.tool_calls)
+
+
+def test_named_tool_choice_calls_that_function(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, max_tokens=60, temperature=1.0,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop"  # as OpenAI answers a forced function
+    assert [t.function.name for t in c.message.tool_calls] == ["get_time"]
+    _check_calls(c.message.tool_calls)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_tool_calls_arrive_as_deltas(client, choice):
+    stream = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice=choice,
+                                            max_tokens=150, temperature=1.0, seed=2, stream=True)
+    calls, content, reason = _stream_calls(stream)
+    assert content == ""
+    assert reason == ("tool_calls" if choice == "required" else "stop")
+    assert calls and all(c["id"].startswith("call_") for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
+
+
+# auto: the model decides. A random-weight model never writes a call by itself, so these requests pin
+# the reply to the pythonic call format with a regex: what is tested is the parser path.
+PYTHONIC = {"structured_outputs": {"regex": r'\[get_weather\(city="[A-Z][a-z]{2,6}", unit="[cf]"\)\]'}}
+
+
+def test_auto_tool_choice_parses_a_pythonic_call(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="auto",
+                                       max_tokens=60, temperature=1.0, seed=1, extra_body=PYTHONIC)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    _check_calls(c.message.tool_calls)
+    stream = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, max_tokens=60,
+                                            temperature=1.0, seed=1, extra_body=PYTHONIC, stream=True)
+    calls, content, reason = _stream_calls(stream)
+    assert reason == "tool_calls" and content == ""
+    assert [(x["name"], json.loads(x["arguments"])) for x in calls] == \
+           [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
+
+
+def test_auto_reply_that_is_not_a_call_is_content(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, max_tokens=30, temperature=1.0,
+                                       extra_body={"structured_outputs": {"choice": ["It is sunny."]}})
+    c = r.choices[0]
+    assert c.message.content == "It is sunny." and not c.message.tool_calls and c.finish_reason == "stop"
+
+
+def test_tool_choice_none_gives_plain_content(client):
+    r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="none", max_tokens=5,
+                                       temperature=0.0)
+    c = r.choices[0]
+    assert not c.message.tool_calls and c.message.content is not None
+
+
+def test_round_trip_with_the_tool_result_in_the_conversation(client):
+    first = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
+                                           max_tokens=150, temperature=0.0)
+    call = first.choices[0].message.tool_calls[0]
+    convo = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21})},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=convo, tools=TOOLS, max_tokens=5, temperature=0.0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_tool_request_errors_are_400s(srv):
+    def post(body):
+        return httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": USER, **body},
+                          timeout=60)
+    cases = [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0]"),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "only one"),
+    ]
+    for body, needle in cases:
+        r = post(body)
+        assert r.status_code == 400, (body, r.text)
+        assert needle in r.json()["error"]["message"], r.text
+
+
+class _Req:
+    def __init__(self, tools, tool_choice):
+        self.tools, self.tool_choice = tools, tool_choice
+
+
+def test_auto_needs_the_server_flags_and_is_what_tools_without_tool_choice_mean():
+    with pytest.raises(APIError, match="--enable-auto-tool-choice"):
+        plan_tools(_Req(TOOLS, "auto"), auto_enabled=False, parser=None)
+    with pytest.raises(APIError, match="--enable-auto-tool-choice"):  # never silently ignored (vLLM: 400)
+        plan_tools(_Req(TOOLS, None), auto_enabled=False, parser=None)
+    assert plan_tools(_Req(TOOLS, "none"), auto_enabled=False, parser=None).mode == "none"
+    assert plan_tools(_Req(TOOLS, None), auto_enabled=True, parser="pythonic").mode == "auto"
+
+
+def test_parsers_read_pythonic_and_json_calls_and_leave_other_text_alone():
+    tools = [t["function"] for t in TOOLS]
+    auto = ToolPlan("auto", tools, None, "pythonic")
+    content, calls = parse_tool_calls('[get_weather(city="Oslo", unit="c"), get_time(zone="utc")]', auto)
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+           [("get_weather", {"city": "Oslo", "unit": "c"}), ("get_time", {"zone": "utc"})]
+    for text in ("hello", "[unknown_fn(a=1)]", "[get_time(zone=utc)]", "[get_time('x')]"):
+        assert parse_tool_calls(text, auto) == (text, [])
+    js = ToolPlan("auto", tools, None, "json")
+    content, calls = parse_tool_calls('Sure. <tool_call>{"name": "get_time", "arguments": {"zone": "cet"}}</tool_call>',
+                                      js)
+    assert content == "Sure." and calls[0]["function"]["name"] == "get_time"
+
+
+def test_tool_template_renders_tools_calls_and_results():
+    from yoco_rs import bundled
+
+    tok = Tokenizer(str(bundled._SRC))
+    msgs = [{"role": "system", "content": "Be brief."}, *USER,
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": {"city": "Paris", "unit": "c"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'}]
+    text = tok.apply_chat_template(msgs, chat_template=tool_template(), tools=TOOLS, add_generation_prompt=True)
+    assert '"name": "get_weather"' in text and "Be brief." in text
+    assert '[get_weather(city="Paris", unit="c")]<end_of_turn>' in text
+    assert '<start_of_turn>user\n<tool_response>\n{"temp": 21}\n</tool_response><end_of_turn>' in text
+    assert text.endswith("<start_of_turn>model\n")
