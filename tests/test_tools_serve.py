@@ -58,11 +58,14 @@ def _stream_calls(stream):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_required_tool_choice_returns_valid_tool_calls(client, temperature):
+    # parallel_tool_calls=False bounds the call list (a greedy small model may otherwise repeat calls
+    # until max_tokens); the parallel form is test_streamed_tool_calls_arrive_as_deltas's.
     r = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
-                                       max_tokens=150, temperature=temperature, seed=4)
+                                       max_tokens=150, temperature=temperature, seed=4, parallel_tool_calls=False)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
     assert c.message.content is None
+    assert len(c.message.tool_calls) == 1
     _check_calls(c.message.tool_calls)
 
 
@@ -122,13 +125,14 @@ def test_tool_choice_none_gives_plain_content(client):
 
 def test_round_trip_with_the_tool_result_in_the_conversation(client):
     first = client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, tool_choice="required",
-                                           max_tokens=150, temperature=0.0)
+                                           max_tokens=150, temperature=0.0, parallel_tool_calls=False)
     call = first.choices[0].message.tool_calls[0]
     convo = USER + [
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 21})},
     ]
-    r = client.chat.completions.create(model=MODEL, messages=convo, tools=TOOLS, max_tokens=5, temperature=0.0)
+    r = client.chat.completions.create(model=MODEL, messages=convo, tools=TOOLS, tool_choice="none", max_tokens=5,
+                                       temperature=0.0)
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens > first.usage.prompt_tokens
 

@@ -48,6 +48,8 @@ class ToolPlan:
     name: Optional[str] = None
     """The forced function (mode named)."""
     parser: Optional[str] = None
+    parallel: bool = True
+    """``parallel_tool_calls`` (OpenAI's default true); false: at most one call (``required``: exactly one)."""
 
     @property
     def active(self) -> bool:
@@ -75,6 +77,7 @@ def plan_tools(req, *, auto_enabled: bool, parser: Optional[str]) -> ToolPlan:
     names = [f["name"] for f in fns]
     if len(set(names)) != len(names):
         raise bad_request(f"tools have duplicate names: {names}", "tools")
+    parallel = getattr(req, "parallel_tool_calls", None) is not False
     if choice is None:  # OpenAI and vLLM: tools without tool_choice mean "auto" (never silently ignored)
         choice = "auto"
     if choice == "none":
@@ -83,9 +86,9 @@ def plan_tools(req, *, auto_enabled: bool, parser: Optional[str]) -> ToolPlan:
         if not (auto_enabled and parser):
             raise bad_request('"auto" tool choice requires the server to run with --enable-auto-tool-choice and '
                               '--tool-call-parser', "tool_choice")
-        return ToolPlan("auto", fns, None, parser)
+        return ToolPlan("auto", fns, None, parser, parallel)
     if choice == "required":
-        return ToolPlan("required", fns, None, parser)
+        return ToolPlan("required", fns, None, parser, parallel)
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if not isinstance(name, str):
@@ -94,7 +97,7 @@ def plan_tools(req, *, auto_enabled: bool, parser: Optional[str]) -> ToolPlan:
         if name not in names:
             raise bad_request(f"tool_choice names function {name!r}, which is not among the tools {names}",
                               "tool_choice")
-        return ToolPlan("named", fns, name, parser)
+        return ToolPlan("named", fns, name, parser, parallel)
     raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
                       "tool_choice")
 
@@ -112,8 +115,10 @@ def tool_constraint(plan: ToolPlan) -> Optional[StructuredOutputsParams]:
         one = [{"type": "object", "properties": {"name": {"type": "string", "enum": [f["name"]]},
                                                  "parameters": _params_schema(f)},
                 "required": ["name", "parameters"], "additionalProperties": False} for f in plan.tools]
-        return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                             "items": one[0] if len(one) == 1 else {"anyOf": one}})
+        calls = {"type": "array", "minItems": 1, "items": one[0] if len(one) == 1 else {"anyOf": one}}
+        if not plan.parallel:
+            calls["maxItems"] = 1
+        return StructuredOutputsParams(json=calls)
     return None
 
 
