@@ -80,8 +80,8 @@ def plan_tools(req, *, auto_enabled: bool, parser: Optional[str]) -> ToolPlan:
     parallel = getattr(req, "parallel_tool_calls", None) is not False
     if choice is None:  # OpenAI and vLLM: tools without tool_choice mean "auto" (never silently ignored)
         choice = "auto"
-    if choice == "none":
-        return ToolPlan()
+    if choice == "none":  # the tools still reach the template (vLLM), nothing is parsed or forced
+        return ToolPlan("none", fns, None, parser, parallel)
     if choice == "auto":
         if not (auto_enabled and parser):
             raise bad_request('"auto" tool choice requires the server to run with --enable-auto-tool-choice and '

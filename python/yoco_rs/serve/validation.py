@@ -217,7 +217,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer, template: Optional[str], 
     Gemma 3n template."""
     messages = chat_messages(req.messages)
     kwargs = dict(req.chat_template_kwargs or {})
-    if tools is not None and tools.active:
+    if tools is not None and tools.tools:
         from yoco_rs.serve.tools import template_messages, tool_template
 
         messages = template_messages(messages, req.messages)
