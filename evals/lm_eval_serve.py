@@ -31,8 +31,9 @@ def _scores(results: dict) -> dict:
     out = {}
     for task, metrics in results["results"].items():
         for k, v in metrics.items():
-            if k.endswith(",none") and not k.endswith("_stderr,none") and isinstance(v, (int, float)):
-                out[f"{task} {k.removesuffix(',none')}"] = float(v)
+            metric, _, filt = k.partition(",")
+            if filt and "_stderr" not in metric and isinstance(v, (int, float)):
+                out[f"{task} {metric}" + ("" if filt == "none" else f" ({filt})")] = float(v)
     return out
 
 

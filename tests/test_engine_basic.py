@@ -99,7 +99,7 @@ def test_too_long_prompt_is_rejected_with_the_numbers(engine):
     with pytest.raises(ValueError, match=r"maximum context length is 256 tokens.*requested 20 output tokens.*"
                                          r"at least 250 input tokens.*total of at least 270"):
         engine.generate([[2] * 250], greedy(20), use_tqdm=False)
-    with pytest.raises(ValueError, match="prompt_token_ids must be in \\[0, 2048\\)"):
+    with pytest.raises(ValueError, match="prompt_token_ids must be in \\[0, 4096\\)"):
         engine.generate([[2, 5000]], greedy(2), use_tqdm=False)
     with pytest.raises(ValueError, match="logprobs must be <= max_logprobs"):
         engine.generate("hi", SamplingParams(logprobs=50), use_tqdm=False)

@@ -30,7 +30,6 @@ def test_retrieval_answers_are_identical_in_every_engine_configuration():
     for name, r in res.items():
         assert r["answers"] == ref, name
     assert res["prefix caching off"]["facts"]["prefix-cache hit tokens"] == 0
-    assert res["prefix caching, full-block"]["facts"]["prefix-cache hit tokens"] > 0
     assert res["reference (fast prefill, sub-block cache)"]["facts"]["cross-decoder rows"] < \
         res["fast prefill off"]["facts"]["cross-decoder rows"]
 
@@ -42,5 +41,5 @@ def test_lm_eval_against_yoco_serve_scores_equal_with_fast_prefill_on_and_off():
 
     res = lm_eval_serve.evaluate(limit=2)
     on, off = res["fast prefill on"], res["fast prefill off"]
-    assert set(on) >= {"yoco_heldout_ppl word_perplexity", "yoco_recall_mc acc", "yoco_recall_chat exact_match"}
+    assert set(on) >= {"yoco_heldout_ppl word_perplexity", "yoco_recall_mc acc", "yoco_recall_chat exact_match (strip)"}
     assert on == off
