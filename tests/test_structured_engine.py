@@ -15,17 +15,26 @@ import jsonschema
 import numpy as np
 import pytest
 
-from engine_util import assert_pool_drained, run_until_done
+from engine_util import assert_pool_drained, run_until_done, tiny_model_dir
 from structured_cases import CHOICES, LARK, REGEXES, SCHEMAS
 from yoco_rs import Engine, SamplingParams, StructuredOutputsParams
 
 _ENGINES: dict = {}
+# A random tiny model (the bundled tokenizer): unconstrained it emits garbage, which makes it a strong
+# test of the grammar, and it does not settle into the loops a small trained model repeats under greedy.
+_MODEL: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _random_model(tmp_path_factory):
+    _MODEL["dir"] = tiny_model_dir(str(tmp_path_factory.mktemp("random-tiny")), seed=0)
+    yield
 
 
 def _engine(fast: bool, cache: bool, **kw) -> Engine:
     key = (fast, cache, tuple(sorted(kw.items())))
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(max_model_len=512, num_gpu_blocks_override=kw.pop("blocks", 256), max_num_seqs=64,
+        _ENGINES[key] = Engine(_MODEL["dir"], max_model_len=512, num_gpu_blocks_override=kw.pop("blocks", 256), max_num_seqs=64,
                                max_num_batched_tokens=256, kv_sharing_fast_prefill=fast,
                                enable_prefix_caching=cache, **kw)
     return _ENGINES[key]
@@ -141,7 +150,7 @@ def test_n4_gives_four_valid_different_outputs_at_temperature_1():
 def test_preemption_mid_json_still_yields_valid_json():
     # A tiny KV pool: many constrained requests preempt each other mid-document (recompute keeps the
     # output tokens, so each matcher stays where it was).
-    e = Engine(max_model_len=128, num_gpu_blocks_override=10, block_size=16, max_num_seqs=16,
+    e = Engine(_MODEL["dir"], max_model_len=128, num_gpu_blocks_override=10, block_size=16, max_num_seqs=16,
                max_num_batched_tokens=64)
     try:
         schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 20,
