@@ -155,7 +155,7 @@ fn spelling(tok: &Tokenizer) -> Result<Spelling, GrammarError> {
 }
 
 /// `tok` set up to tokenize continuations: no prepended space from its normalizer or pre-tokenizer.
-fn for_continuations(mut tok: Tokenizer) -> Tokenizer {
+fn for_continuations(mut tok: Tokenizer) -> Result<Tokenizer, GrammarError> {
     fn norm(n: NormalizerWrapper) -> Option<NormalizerWrapper> {
         match n {
             NormalizerWrapper::Prepend(_) => None,
@@ -179,12 +179,12 @@ fn for_continuations(mut tok: Tokenizer) -> Tokenizer {
         }
     }
     if let Some(n) = tok.get_normalizer().cloned() {
-        tok.with_normalizer(norm(n));
+        tok.with_normalizer(norm(n)).map_err(|e| GrammarError::Tokenizer(format!("normalizer: {e}")))?;
     }
     if let Some(p) = tok.get_pre_tokenizer().cloned() {
         tok.with_pre_tokenizer(Some(pre(p)));
     }
-    tok
+    Ok(tok)
 }
 
 /// The token trie plus the tokenizer, as llguidance's `TokenizerEnv`.
@@ -234,7 +234,7 @@ pub fn tok_env(json: &[u8], vocab_size: usize, eos_ids: &[TokenId]) -> Result<(T
     if eos.len() > 1 {
         trie = trie.with_eos_tokens(&eos);
     }
-    Ok((Arc::new(HfEnv { trie, tok: for_continuations(tok) }), eos))
+    Ok((Arc::new(HfEnv { trie, tok: for_continuations(tok)? }), eos))
 }
 
 #[cfg(test)]

@@ -268,7 +268,7 @@ fn rows_of_one_grammar_each_own_their_matcher_so_parallel_masks_equal_serial_one
     let mut par = MatcherTable::new(c.vocab_size(), c.eos_ids());
     let ids: Vec<u64> = (1..=32).collect();
     let prefixes: Vec<Vec<u32>> = (0..32)
-        .map(|i| tok.encode(&format!("{{\"a\": \"{}\", \"b\": [{}", "xy".repeat(i % 5), i), false).unwrap().get_ids().to_vec())
+        .map(|i| tok.encode(format!("{{\"a\": \"{}\", \"b\": [{}", "xy".repeat(i % 5), i).as_str(), false).unwrap().get_ids().to_vec())
         .collect();
     for (&id, p) in ids.iter().zip(&prefixes) {
         par.add(id, &g).unwrap();
@@ -310,24 +310,29 @@ fn token_bytes_of_a_byte_fallback_vocabulary_follow_the_conventions() {
 #[test]
 fn token_bytes_of_a_byte_level_vocabulary_map_chars_back_to_bytes() {
     let json = r#"{"version":"1.0","truncation":null,"padding":null,
-      "added_tokens":[{"id":3,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+      "added_tokens":[{"id":4,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
       "normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
       "post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
       "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":"","end_of_word_suffix":"",
-               "fuse_unk":false,"vocab":{"a":0,"Ġa":1,"Ċ":2},"merges":[]}}"#;
+               "fuse_unk":false,"vocab":{"a":0,"Ġa":1,"Ċ":2,"Ġ":3},"merges":[["Ġ","a"]]}}"#;
     let t = tokenizers::Tokenizer::from_bytes(json).unwrap();
     let tb = yoco_grammar::token_bytes(&t).unwrap();
     assert_eq!(tb.bytes[0], b"a");
     assert_eq!(tb.bytes[1], b" a");
     assert_eq!(tb.bytes[2], b"\n");
-    assert_eq!(tb.bytes[3], b"\xFF<|endoftext|>");
-    assert_eq!(tb.info.tok_eos, 3);
-    // And a grammar over it: `[ab]` reaches "a" and " a" only through their bytes.
-    let c = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 8, &[3], CompileLimits::default()).unwrap();
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, " a").unwrap()).unwrap();
-    let mut table = MatcherTable::new(8, &[3]);
+    assert_eq!(tb.bytes[3], b" ");
+    assert_eq!(tb.bytes[4], b"\xFF<|endoftext|>");
+    assert_eq!(tb.info.tok_eos, 4);
+    // And a grammar over it: after "a", the regex `a a` continues with "Ġa" (its bytes are " a", and it
+    // is how the tokenizer spells " a"), never with "a" or "Ċ".
+    let c = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 8, &[4], CompileLimits::default()).unwrap();
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "a a").unwrap()).unwrap();
+    let mut table = MatcherTable::new(8, &[4]);
     table.add(1, &g).unwrap();
-    assert_eq!(allowed_ids(&table.masks(&[1]).bitmask, 8), vec![1]);
+    assert_eq!(allowed_ids(&table.masks(&[1]).bitmask, 8), vec![0]);
+    assert!(table.advance(&[1], &[0]).is_empty());
+    let next = allowed_ids(&table.masks(&[1]).bitmask, 8);
+    assert!(next.contains(&1) && !next.contains(&0) && !next.contains(&2), "{next:?}");
 }
 
 #[test]
