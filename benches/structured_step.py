@@ -4,8 +4,9 @@ masks of a step are started on the Rust thread pool before the forward and colle
 should hide behind it: target <= 1.05x. The bench also reports how long the engine waited for the masks
 after the forward (the masks' time not hidden behind it, plus applying them) and the engine loop thread's
 own CPU time per step (``time.thread_time``: what structured outputs add to the step's critical path,
-independent of how loaded the machine is; the step-time ratio is not, on a shared box). Rows decode greedily under a JSON schema that never ends
-(an array of at least 10,000 integers, compact JSON); the unconstrained run decodes the same logits.
+independent of how loaded the machine is; the step-time ratio is not, on a shared box). Rows decode
+greedily under a JSON schema that never ends (an array of at least 10,000 integers, compact JSON); the
+unconstrained run decodes the same logits.
 
     OMP_NUM_THREADS=1 .venv/bin/python benches/structured_step.py [--steps 100] [--rows 64] [--reps 4]
 """
