@@ -64,3 +64,25 @@ def test_no_rows_leaves_logits_untouched():
     before = logits.clone()
     apply_token_bitmask_(logits, np.zeros((0, 2), dtype=np.int32), np.zeros(0, dtype=np.int64))
     assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("x,vocab,rows", [(4, 100, [0, 2]), (6, 2050, [5, 0, 3]), (3, 262_144, [2, 0])])
+def test_rust_cpu_mask_matches_the_torch_reference(x, vocab, rows):
+    from yoco_rs import _core
+
+    logits, bitmask, bits, r = _case(x, vocab, rows, seed=3 * vocab + x)
+    want = logits.clone()
+    apply_token_bitmask_torch(want, torch.from_numpy(bitmask), torch.from_numpy(r))
+    got = logits.clone()
+    _core.mask_logits(got.numpy(), r, bitmask)
+    assert torch.equal(got, want)
+
+
+def test_rust_cpu_mask_refuses_repeated_or_out_of_range_rows():
+    from yoco_rs import _core
+
+    logits, bitmask, _, _ = _case(3, 64, [0, 1], seed=1)
+    with pytest.raises(ValueError, match="repeated"):
+        _core.mask_logits(logits.numpy(), np.array([1, 1]), bitmask)
+    with pytest.raises(ValueError, match="out of"):
+        _core.mask_logits(logits.numpy(), np.array([0, 3]), bitmask)

@@ -90,6 +90,44 @@ def test_streamed_tool_calls_arrive_as_deltas(client, choice):
         jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
 
 
+def _stream_deltas(stream):
+    """Every tool-call delta of a stream, in order, as ``(index, id, type, name, arguments)``."""
+    out = []
+    for chunk in stream:
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                out.append((tc.index, tc.id, tc.type, tc.function.name if tc.function else None,
+                            tc.function.arguments if tc.function else None))
+    return out
+
+
+@pytest.mark.parametrize("choice,extra", [
+    ("required", {"parallel_tool_calls": False}),
+    ({"type": "function", "function": {"name": "get_weather"}}, {}),
+    ("auto", {"extra_body": {"structured_outputs": {
+        "regex": r'\[get_weather\(city="[A-Z][a-z]{2,6}", unit="[cf]"\), get_time\(zone="utc"\)\]'}}}),
+])
+def test_streamed_tool_calls_arrive_incrementally_and_equal_the_non_streamed_ones(client, choice, extra):
+    kw = dict(model=MODEL, messages=USER, tools=TOOLS, tool_choice=choice, max_tokens=150, temperature=0.0, **extra)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    deltas = _stream_deltas(client.chat.completions.create(stream=True, **kw))
+    assert whole
+    calls = {}
+    for idx, cid, typ, name, args in deltas:
+        if idx not in calls:  # a call's first delta: id, type and name
+            assert cid.startswith("call_") and typ == "function" and name, (idx, cid, typ, name)
+            calls[idx] = {"name": name, "arguments": args or "", "deltas": 1}
+        else:  # then argument fragments only
+            assert cid is None and not name
+            calls[idx]["arguments"] += args or ""
+            calls[idx]["deltas"] += 1
+    assert [calls[i]["name"] for i in sorted(calls)] == [t.function.name for t in whole]
+    assert [json.loads(calls[i]["arguments"]) for i in sorted(calls)] == \
+           [json.loads(t.function.arguments) for t in whole]
+    # Incremental: the arguments came in several deltas, not whole in the last one.
+    assert all(c["deltas"] >= 2 for c in calls.values()), calls
+
+
 # auto: the model decides. A random-weight model never writes a call by itself, so these requests pin
 # the reply to the pythonic call format with a regex: what is tested is the parser path.
 PYTHONIC = {"structured_outputs": {"regex": r'\[get_weather\(city="[A-Z][a-z]{2,6}", unit="[cf]"\)\]'}}

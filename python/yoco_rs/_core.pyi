@@ -29,6 +29,13 @@ FINISH_STOP_STRING: int
 class CapacityError(ValueError):
     """The KV pool can never hold the request (prompt + max_tokens, capped at max_model_len)."""
 
+def mask_logits(logits: np.ndarray, rows: np.ndarray, bitmask: np.ndarray) -> None:
+    """``logits[rows[i], t] = -inf`` where row ``i`` of ``bitmask`` (``[C, words]`` int32) disallows ``t``;
+    in place on C-contiguous float32 ``[X, V]`` host logits (GIL released)."""
+
+class GrammarBusyError(RuntimeError):
+    """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""
+
 class StepPlan:
     """One step's plan: R rows, T tokens (T_pad padded), S samplers, X cross rows (X_pad padded), C copies.
 

@@ -326,8 +326,9 @@ class Engine:
             now = time.monotonic()
             self._admit(plan, now)
             rows = plan.req_rows[plan.sample_rows]
+            batch = self._forward_batch(plan)
             self._grammars.start(plan)  # constrained rows' masks, computed while the forward runs
-            logits = self._runner.execute(self._forward_batch(plan))
+            logits = self._runner.execute(batch)
             self._grammars.apply(plan, logits)
             so = self._sampler.sample(logits, plan.logits_cross_pos, rows)
             if self._plp:

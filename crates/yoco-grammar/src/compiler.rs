@@ -6,10 +6,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use llguidance::toktrie::{TokEnv, TokenId};
+use llguidance::toktrie::TokenId;
 use llguidance::{Matcher, ParserFactory};
 use rustc_hash::FxHashMap;
-use toktrie_hf_tokenizers::ByteTokenizer;
 
 use crate::spec::{GrammarKind, GrammarSpec};
 use crate::GrammarError;
@@ -35,36 +34,73 @@ impl Default for CompileLimits {
     }
 }
 
-/// Matchers started from one lexer cache before it is replaced by a fresh one (bounds its growth).
-const SHARED_LEXER_USES: usize = 256;
+/// Donations a template takes before it starts again from the pristine compiled grammar (bounds the
+/// growth of its lexer cache over a long-lived server's life).
+const TEMPLATE_DONATIONS: u64 = 256;
 
-/// A compiled constraint: a fresh matcher to clone for each sequence that uses it.
+/// A compiled constraint: the template each sequence that uses it forks its own matcher from.
 ///
-/// Sequences of one grammar share its lexer cache (llguidance's lazily built DFA states, behind a
-/// mutex): a new sequence starts warm, with the states earlier ones built, which at 262k tokens is
-/// the difference between ~20 µs and milliseconds per mask. The cost is that rows of one grammar take
-/// that mutex in turn. Every `SHARED_LEXER_USES` sequences the cache starts again from the pristine
-/// compiled grammar, so a long-lived server's cache does not grow without bound.
+/// llguidance keeps a grammar's lexer cache (lazily built DFA states) behind a mutex that the whole
+/// mask computation holds, shared by shallow clones of a matcher. Rows sharing one cache therefore
+/// compute their masks one at a time. Instead each sequence *forks* (deep-clones) a warm template: its
+/// own copy of the cache, so rows of one grammar run in parallel, and a new sequence still starts
+/// warm (at 262k tokens a cold DFA state costs milliseconds, a warm mask tens of µs). When a sequence
+/// ends, its matcher, rewound to the start, is offered back as the next template
+/// ([`CompiledGrammar::donate`]), so what one sequence learned warms the ones that follow.
 pub struct CompiledGrammar {
     pub kind: GrammarKind,
     pristine: Matcher,
-    warm: Mutex<(Matcher, usize)>,
+    template: Mutex<Template>,
+}
+
+struct Template {
+    matcher: Matcher,
+    /// Donations this template descends from (ever increasing); a donor forked from an older template
+    /// (with less in its cache) is refused, so the cache only grows along one line until the periodic
+    /// restart, which older donors cannot undo.
+    lineage: u64,
+}
+
+/// A sequence's own matcher and the template lineage it was forked from (for [`CompiledGrammar::donate`]).
+pub struct Fork {
+    pub matcher: Matcher,
+    pub lineage: u64,
 }
 
 impl CompiledGrammar {
     fn new(kind: GrammarKind, m: Matcher) -> Self {
-        let warm = Mutex::new((m.deep_clone(), 0));
-        Self { kind, pristine: m, warm }
+        let template = Mutex::new(Template { matcher: m.deep_clone(), lineage: 0 });
+        Self { kind, pristine: m, template }
     }
 
-    /// A new matcher at the start of the grammar (its own parser state; a shared lexer cache).
-    pub fn new_matcher(&self) -> Matcher {
-        let mut w = self.warm.lock().unwrap_or_else(|e| e.into_inner());
-        if w.1 >= SHARED_LEXER_USES {
-            *w = (self.pristine.deep_clone(), 0);
+    /// A new matcher at the start of the grammar with its own copy of the template's lexer cache.
+    pub fn fork(&self) -> Fork {
+        let t = self.template.lock().unwrap_or_else(|e| e.into_inner());
+        Fork { matcher: t.matcher.deep_clone(), lineage: t.lineage }
+    }
+
+    /// Offer a finished sequence's matcher as the next template: rewound to the start, it carries the
+    /// template's cache plus the DFA states the sequence built. Refused when it failed, cannot rewind,
+    /// or was forked from an older template than the current one; every `TEMPLATE_DONATIONS` the
+    /// template starts again from the pristine grammar. Returns whether it was taken.
+    pub fn donate(&self, fork: Fork) -> bool {
+        let Fork { mut matcher, lineage } = fork;
+        if matcher.is_error() || matcher.reset().is_err() || matcher.is_stopped() {
+            return false;
         }
-        w.1 += 1;
-        w.0.clone()
+        let mut t = self.template.lock().unwrap_or_else(|e| e.into_inner());
+        if lineage < t.lineage {
+            return false;
+        }
+        let next = lineage + 1;
+        let matcher = if next % TEMPLATE_DONATIONS == 0 { self.pristine.deep_clone() } else { matcher };
+        *t = Template { matcher, lineage: next };
+        true
+    }
+
+    /// How many donations the current template descends from (tests, diagnostics).
+    pub fn template_lineage(&self) -> u64 {
+        self.template.lock().unwrap_or_else(|e| e.into_inner()).lineage
     }
 }
 
@@ -89,13 +125,8 @@ impl GrammarCompiler {
     /// count: the extra ids are never allowed); `eos_ids` the ids that end a sequence, allowed only
     /// where the grammar accepts.
     pub fn from_tokenizer_json(json: &[u8], vocab_size: usize, eos_ids: &[u32], limits: CompileLimits) -> Result<Self, GrammarError> {
-        let mut bt = ByteTokenizer::from_json_bytes(json).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
-        let n = bt.tokrx_info().vocab_size as usize;
-        let eos: Vec<u32> = eos_ids.iter().copied().filter(|&t| (t as usize) < n).collect();
-        if !eos.is_empty() {
-            bt.set_eos_tokens(&eos);
-        }
-        let env: TokEnv = bt.into_tok_env(Some(vocab_size.max(n))).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        let (env, eos) = crate::tokenizer::tok_env(json, vocab_size, eos_ids)?;
+        let n = env.tok_trie().vocab_size();
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
         factory.quiet();
         let l = factory.limits_mut();
@@ -106,7 +137,7 @@ impl GrammarCompiler {
             limits,
             cache: Mutex::new(Cache::default()),
             in_flight: Arc::new(AtomicUsize::new(0)),
-            vocab_size: vocab_size.max(n),
+            vocab_size: n,
             eos_ids: eos,
         })
     }

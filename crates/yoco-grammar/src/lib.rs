@@ -15,13 +15,17 @@
 //! EOS is allowed exactly where the grammar accepts (every id in the engine's EOS set); tokens beyond
 //! the tokenizer's vocabulary (the model's padding rows) are never allowed.
 
+mod apply;
 mod compiler;
 mod spec;
 mod table;
+mod tokenizer;
 
-pub use compiler::{CompiledGrammar, CompileLimits, GrammarCompiler};
+pub use apply::mask_logits;
+pub use compiler::{CompiledGrammar, CompileLimits, Fork, GrammarCompiler};
 pub use spec::{GrammarKind, GrammarSpec};
-pub use table::{MaskJob, MatcherTable, StepMasks};
+pub use table::{grammar_pool, MaskJob, MatcherTable, StepMasks};
+pub use tokenizer::{token_bytes, TokenBytes};
 
 /// Why a grammar could not be used; the message names the problem for the client (a 400).
 #[derive(Debug, thiserror::Error)]

@@ -1,22 +1,63 @@
 //! One matcher per constrained sequence; each step, the packed bitmask of every constrained row.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::Matcher;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::compiler::CompiledGrammar;
+use crate::compiler::{CompiledGrammar, Fork};
 use crate::{bitmask_words, GrammarError};
+
+/// The threads grammar work runs on: `YOCO_GRAMMAR_THREADS`, else one fewer than the machine's cores
+/// (at least one). The engine loop's thread is the step's critical path (it builds the batch while the
+/// masks start, and samples after the forward); leaving it a core keeps the masks from delaying it, and
+/// on a GPU host the forward's wait is where the masks run.
+pub fn grammar_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::env::var("YOCO_GRAMMAR_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)));
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("yoco-grammar-{i}"))
+            .build()
+            .expect("grammar thread pool")
+    })
+}
 
 /// A sequence's matcher and whether it has failed (a token the grammar rejects, or a mask over the
 /// per-step budget): a failed sequence may only end (EOS), so it stops instead of running unconstrained.
+///
+/// The matcher is forked from the grammar's template on first use, inside the step's background job
+/// (the copy of a warm lexer cache stays off the engine loop and runs in parallel); when the slot is
+/// dropped (sequence finished or aborted, wherever the last reference goes) a healthy matcher is
+/// donated back to the grammar as its next template.
 struct Slot {
-    matcher: Matcher,
+    grammar: Arc<CompiledGrammar>,
+    fork: Option<Fork>,
     error: Option<String>,
     /// The error was returned by `advance` once (the engine ends the sequence).
     reported: bool,
+}
+
+impl Slot {
+    fn matcher(&mut self) -> &mut Matcher {
+        let g = &self.grammar;
+        &mut self.fork.get_or_insert_with(|| g.fork()).matcher
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let (None, Some(f)) = (&self.error, self.fork.take()) {
+            self.grammar.donate(f);
+        }
+    }
 }
 
 type SlotRef = Arc<Mutex<Slot>>;
@@ -86,11 +127,11 @@ impl MatcherTable {
     }
 
     /// A fresh matcher of `grammar` for `seq_id`.
-    pub fn add(&mut self, seq_id: u64, grammar: &CompiledGrammar) -> Result<(), GrammarError> {
+    pub fn add(&mut self, seq_id: u64, grammar: &Arc<CompiledGrammar>) -> Result<(), GrammarError> {
         if self.seqs.contains_key(&seq_id) {
             return Err(GrammarError::DuplicateSequence(seq_id));
         }
-        let slot = Slot { matcher: grammar.new_matcher(), error: None, reported: false };
+        let slot = Slot { grammar: grammar.clone(), fork: None, error: None, reported: false };
         self.seqs.insert(seq_id, Arc::new(Mutex::new(slot)));
         Ok(())
     }
@@ -109,7 +150,11 @@ impl MatcherTable {
     pub fn is_accepting(&self, seq_id: u64) -> Result<bool, GrammarError> {
         let s = self.seqs.get(&seq_id).ok_or(GrammarError::UnknownSequence(seq_id))?;
         let mut s = lock(s);
-        Ok(s.error.is_none() && (s.matcher.is_stopped() || s.matcher.is_accepting().unwrap_or(false)))
+        if s.error.is_some() {
+            return Ok(false);
+        }
+        let m = s.matcher();
+        Ok(m.is_stopped() || m.is_accepting().unwrap_or(false))
     }
 
     /// Start a step's grammar work on the rayon pool and return at once: first advance `adv_ids` by
@@ -134,7 +179,7 @@ impl MatcherTable {
         }
         let eos = self.eos_ids.clone();
         let (tx, rx) = mpsc::sync_channel(1);
-        rayon::spawn(move || {
+        grammar_pool().spawn(move || {
             let failed = advance_all(&adv);
             let mut m = compute(&work, words, &eos);
             m.failed = failed;
@@ -143,14 +188,14 @@ impl MatcherTable {
         MaskJob { rx: Some(Mutex::new(rx)), ready: None }
     }
 
-    /// `start_masks` and `wait` in one call (on the calling thread's rayon pool).
+    /// `start_masks` and `wait` in one call (on the grammar pool, the caller blocked).
     pub fn masks(&self, seq_ids: &[u64]) -> StepMasks {
         let work: Vec<(i64, SlotRef)> = seq_ids
             .iter()
             .enumerate()
             .filter_map(|(i, id)| self.seqs.get(id).map(|s| (i as i64, s.clone())))
             .collect();
-        compute(&work, self.words, &self.eos_ids)
+        grammar_pool().install(|| compute(&work, self.words, &self.eos_ids))
     }
 
     /// Advance the matchers of `seq_ids` (rows without one are skipped) by the token each was just
@@ -163,7 +208,7 @@ impl MatcherTable {
             .zip(tokens)
             .filter_map(|(id, &t)| self.seqs.get(id).map(|s| (*id, t, s.clone())))
             .collect();
-        advance_all(&work)
+        grammar_pool().install(|| advance_all(&work))
     }
 }
 
@@ -177,11 +222,12 @@ fn advance_all(work: &[(u64, u32, SlotRef)]) -> Vec<u64> {
                 s.reported = true;
                 return first.then_some(*id);
             }
-            if s.matcher.is_stopped() {
+            let m = s.matcher();
+            if m.is_stopped() {
                 // The grammar was complete: only EOS was allowed, and the core ends the sequence on it.
                 return None;
             }
-            match s.matcher.consume_token(*t) {
+            match m.consume_token(*t) {
                 Ok(()) => None,
                 Err(e) => {
                     s.error = Some(format!("token {t} rejected by the grammar: {e}"));
@@ -214,15 +260,14 @@ fn compute(work: &[(i64, SlotRef)], words: usize, eos: &[u32]) -> StepMasks {
 fn fill_row(slot: &mut Slot, out: &mut [i32], eos: &[u32]) {
     let accepting = if slot.error.is_some() {
         true
-    } else if slot.matcher.is_stopped() {
+    } else if slot.matcher().is_stopped() {
         true
     } else {
-        match slot.matcher.compute_mask() {
-            Ok(_) if slot.matcher.is_stopped() && !slot.matcher.stop_reason().is_ok() => {
+        let m = slot.matcher();
+        let failure = match m.compute_mask() {
+            Ok(_) if m.is_stopped() && !m.stop_reason().is_ok() => {
                 // Stopped while computing the mask (over a per-step budget: the mask is not exact).
-                slot.error = Some(format!("the grammar stopped: {}", slot.matcher.stop_reason()));
-                out.fill(0);
-                true
+                Some(format!("the grammar stopped: {}", m.stop_reason()))
             }
             Ok(mask) => {
                 let src = mask.as_slice();
@@ -230,10 +275,14 @@ fn fill_row(slot: &mut Slot, out: &mut [i32], eos: &[u32]) {
                 for (o, &w) in out[..n].iter_mut().zip(src) {
                     *o = w as i32;
                 }
-                slot.matcher.is_accepting().unwrap_or(false)
+                None
             }
-            Err(e) => {
-                slot.error = Some(format!("mask computation failed: {e}"));
+            Err(e) => Some(format!("mask computation failed: {e}")),
+        };
+        match failure {
+            None => m.is_accepting().unwrap_or(false),
+            Some(e) => {
+                slot.error = Some(e);
                 out.fill(0);
                 true
             }

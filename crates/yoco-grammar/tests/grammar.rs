@@ -231,3 +231,115 @@ fn deferred_advance_in_the_mask_job_equals_advancing_first() {
     let bad = t2.start_masks(&[1], &[1], &[z]).wait();
     assert_eq!(bad.failed, vec![1]);
 }
+
+#[test]
+fn finished_sequences_donate_their_matcher_as_the_next_template_and_forks_start_from_it() {
+    let (c, tok, n) = setup(0, CompileLimits::default());
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "(ab|cd)+x").unwrap()).unwrap();
+    let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    table.add(1, &g).unwrap();
+    table.add(2, &g).unwrap();
+    let start = table.masks(&[1, 2]);
+    let ab: Vec<u32> = tok.encode("abab", false).unwrap().get_ids().to_vec();
+    for &t in &ab {
+        assert!(table.advance(&[1, 2], &[t, t]).is_empty());
+    }
+    assert_eq!(g.template_lineage(), 0);
+    assert!(table.remove(1)); // the first finisher becomes the template
+    assert_eq!(g.template_lineage(), 1);
+    assert!(table.remove(2)); // forked from the older template: refused
+    assert_eq!(g.template_lineage(), 1);
+    // A fork of the donated template is rewound to the start: the same mask as a pristine start.
+    table.add(3, &g).unwrap();
+    let again = table.masks(&[3]);
+    assert_eq!(allowed_ids(&again.bitmask, n), allowed_ids(&start.bitmask[..start.words], n));
+    // A failed sequence is not donated.
+    let z = tok.encode("z", false).unwrap().get_ids()[0];
+    assert_eq!(table.advance(&[3], &[z]), vec![3]);
+    assert!(table.remove(3));
+    assert_eq!(g.template_lineage(), 1);
+}
+
+#[test]
+fn rows_of_one_grammar_each_own_their_matcher_so_parallel_masks_equal_serial_ones() {
+    let (c, tok, _) = setup(0, CompileLimits::default());
+    let schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"}}},"required":["a","b"]}"#;
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap()).unwrap();
+    let mut par = MatcherTable::new(c.vocab_size(), c.eos_ids());
+    let ids: Vec<u64> = (1..=32).collect();
+    let prefixes: Vec<Vec<u32>> = (0..32)
+        .map(|i| tok.encode(format!("{{\"a\": \"{}\", \"b\": [{}", "xy".repeat(i % 5), i).as_str(), false).unwrap().get_ids().to_vec())
+        .collect();
+    for (&id, p) in ids.iter().zip(&prefixes) {
+        par.add(id, &g).unwrap();
+        for &t in p {
+            assert!(par.advance(&[id], &[t]).is_empty(), "row {id}");
+        }
+    }
+    let all = par.masks(&ids);
+    for (k, &id) in ids.iter().enumerate() {
+        // The same state reached alone, in a table of its own.
+        let mut one = MatcherTable::new(c.vocab_size(), c.eos_ids());
+        one.add(id, &g).unwrap();
+        for &t in &prefixes[k] {
+            assert!(one.advance(&[id], &[t]).is_empty());
+        }
+        assert_eq!(one.masks(&[id]).bitmask, all.bitmask[k * all.words..(k + 1) * all.words], "row {id}");
+    }
+}
+
+#[test]
+fn token_bytes_of_a_byte_fallback_vocabulary_follow_the_conventions() {
+    let t = tokenizer();
+    let tb = yoco_grammar::token_bytes(&t).unwrap();
+    assert_eq!(tb.bytes.len(), t.get_vocab_size(true));
+    let id = |s: &str| t.token_to_id(s).unwrap() as usize;
+    assert_eq!(tb.bytes[id("<0x41>")], b"A");
+    assert_eq!(tb.bytes[id("<0x0A>")], b"\n");
+    let mut eos = vec![0xFF];
+    eos.extend_from_slice(b"<eos>");
+    assert_eq!(tb.bytes[id("<eos>")], eos);
+    assert_eq!(tb.info.tok_eos as usize, id("<eos>"));
+    assert_eq!(tb.info.tok_pad, Some(id("<pad>") as u32));
+    assert_eq!(tb.info.tok_unk, Some(id("<unk>") as u32));
+    // A word piece: the space stand-in is a space.
+    let (piece, pid) = t.get_vocab(true).into_iter().find(|(p, _)| p.starts_with('▁') && p.chars().count() > 2).unwrap();
+    assert_eq!(tb.bytes[pid as usize], piece.replace('▁', " ").into_bytes());
+}
+
+#[test]
+fn token_bytes_of_a_byte_level_vocabulary_map_chars_back_to_bytes() {
+    let json = r#"{"version":"1.0","truncation":null,"padding":null,
+      "added_tokens":[{"id":4,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+      "normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+      "post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+      "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":"","end_of_word_suffix":"",
+               "fuse_unk":false,"vocab":{"a":0,"Ġa":1,"Ċ":2,"Ġ":3},"merges":[["Ġ","a"]]}}"#;
+    let t = tokenizers::Tokenizer::from_bytes(json).unwrap();
+    let tb = yoco_grammar::token_bytes(&t).unwrap();
+    assert_eq!(tb.bytes[0], b"a");
+    assert_eq!(tb.bytes[1], b" a");
+    assert_eq!(tb.bytes[2], b"\n");
+    assert_eq!(tb.bytes[3], b" ");
+    assert_eq!(tb.bytes[4], b"\xFF<|endoftext|>");
+    assert_eq!(tb.info.tok_eos, 4);
+    // And a grammar over it: after "a", the regex `a a` continues with "Ġa" (its bytes are " a", and it
+    // is how the tokenizer spells " a"), never with "a" or "Ċ".
+    let c = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 8, &[4], CompileLimits::default()).unwrap();
+    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "a a").unwrap()).unwrap();
+    let mut table = MatcherTable::new(8, &[4]);
+    table.add(1, &g).unwrap();
+    assert_eq!(allowed_ids(&table.masks(&[1]).bitmask, 8), vec![0]);
+    assert!(table.advance(&[1], &[0]).is_empty());
+    let next = allowed_ids(&table.masks(&[1]).bitmask, 8);
+    assert!(next.contains(&1) && !next.contains(&0) && !next.contains(&2), "{next:?}");
+}
+
+#[test]
+fn a_tokenizer_whose_decoder_spells_no_bytes_is_an_error() {
+    let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+      "pre_tokenizer":null,"post_processor":null,"decoder":null,
+      "model":{"type":"WordLevel","vocab":{"a":0,"[UNK]":1},"unk_token":"[UNK]"}}"#;
+    let e = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 2, &[], CompileLimits::default()).err().unwrap();
+    assert!(e.to_string().contains("spells bytes"), "{e}");
+}

@@ -5,14 +5,22 @@
 use std::sync::Arc;
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use yoco_grammar::{CompileLimits, GrammarError, GrammarKind, GrammarSpec, MaskJob, StepMasks};
 
+pyo3::create_exception!(
+    _core,
+    GrammarBusyError,
+    PyRuntimeError,
+    "Too many grammars are compiling at once: the request may be retried later (a server answers 503)."
+);
+
 fn to_py(e: GrammarError) -> PyErr {
     match e {
-        GrammarError::Busy { .. } | GrammarError::Tokenizer(_) => PyRuntimeError::new_err(e.to_string()),
+        GrammarError::Busy { .. } => GrammarBusyError::new_err(e.to_string()),
+        GrammarError::Tokenizer(_) => PyRuntimeError::new_err(e.to_string()),
         _ => PyValueError::new_err(e.to_string()),
     }
 }
@@ -51,7 +59,8 @@ impl PyGrammarCompiler {
 
     /// Compile (or fetch from the cache) a constraint: `kind` is `json`, `json_object`, `regex`,
     /// `choice` (text: a JSON list of strings) or `grammar` (Lark). `ValueError` names what is wrong
-    /// (also when the time budget is exceeded); `RuntimeError` when too many compile at once.
+    /// (also when the time budget is exceeded); `GrammarBusyError` (a `RuntimeError`) when too many
+    /// compile at once.
     fn compile(&self, py: Python<'_>, kind: &str, text: &str) -> PyResult<PyCompiledGrammar> {
         let k = GrammarKind::from_name(kind).ok_or_else(|| {
             PyValueError::new_err(format!("unknown structured output kind {kind:?} (json, json_object, regex, choice, grammar)"))
@@ -197,7 +206,21 @@ impl PyMatcherTable {
     }
 }
 
+/// `logits[rows[i], t] = -inf` for every token `t` that row `i` of `bitmask` (`[C, words]` int32)
+/// disallows, in place on a C-contiguous float32 `[X, V]` array (host logits); GIL released.
+#[pyfunction]
+pub fn mask_logits(py: Python<'_>, mut logits: PyReadwriteArray2<'_, f32>, rows: PyReadonlyArray1<'_, i64>, bitmask: PyReadonlyArray2<'_, i32>) -> PyResult<()> {
+    let vocab = logits.as_array().shape()[1];
+    let words = bitmask.as_array().shape()[1];
+    let rows: Vec<usize> = rows.as_slice()?.iter().map(|&r| usize::try_from(r).unwrap_or(usize::MAX)).collect();
+    let bm = bitmask.as_slice()?;
+    let l = logits.as_slice_mut()?;
+    py.detach(|| yoco_grammar::mask_logits(l, vocab, &rows, bm, words)).map_err(to_py)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(mask_logits, m)?)?;
+    m.add("GrammarBusyError", m.py().get_type::<GrammarBusyError>())?;
     m.add_class::<PyGrammarCompiler>()?;
     m.add_class::<PyCompiledGrammar>()?;
     m.add_class::<PyMatcherTable>()

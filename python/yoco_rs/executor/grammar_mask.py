@@ -7,14 +7,19 @@ the logits before its sampler), everything downstream (temperature, top-k/p, the
 reported ``logprobs``) therefore sees the *masked* distribution: a constrained row's logprobs are those
 of the tokens the grammar allowed, renormalized over them.
 
-On CUDA a Triton kernel does it (one launch for all rows); on the CPU a torch op (unpack the bits,
-``masked_fill_``). Kept apart from ``sampler.py`` so the sampler's own order can change independently.
+On CUDA a Triton kernel does it (one launch for all rows). On the CPU, float32 contiguous logits are
+masked in place by the Rust core (``_core.mask_logits``: one pass over the packed words, no
+temporaries, GIL released); other dtypes or layouts take the torch op (unpack the bits,
+``masked_fill_``), which is also the reference. Kept apart from ``sampler.py`` so the sampler's own
+order can change independently.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from yoco_rs import _core
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -49,6 +54,11 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: np.ndarray | torch.Tenso
     if len(rows) == 0:
         return
     dev = logits.device
+    if (dev.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and logits.is_contiguous()
+            and isinstance(bitmask, np.ndarray)):
+        _core.mask_logits(logits.numpy(), np.ascontiguousarray(rows, dtype=np.int64),
+                          np.ascontiguousarray(bitmask, dtype=np.int32))
+        return
     bm = torch.as_tensor(bitmask)
     rw = torch.as_tensor(np.asarray(rows, dtype=np.int64) if isinstance(rows, np.ndarray) else rows)
     if bm.device != dev:

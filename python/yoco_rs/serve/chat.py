@@ -12,6 +12,7 @@ from yoco_rs.serve.logprobs import TokenText, chat_logprobs, prompt_logprobs_jso
 from yoco_rs.serve.protocol import ChatCompletionRequest
 from yoco_rs.serve.unsupported import reject_unsupported
 from yoco_rs.serve.sse import DONE, EventStream, cancel_on_disconnect, merge, sse
+from yoco_rs.serve.tool_stream import ToolCallStream, merge_deltas
 from yoco_rs.serve.tools import finish_reason as tool_finish, parse_tool_calls, plan_tools, tool_constraint
 from yoco_rs.serve.validation import chat_prompt, request_chat_template, request_limits, sampling_params, truncate
 
@@ -99,7 +100,7 @@ class _Ctx:
         continuous = include_usage and bool(opts.continuous_usage_stats)
         gen_tokens, cached = 0, 0
         started: set[int] = set()
-        held: dict[int, str] = {}  # tools in play: a choice's text, parsed when it finishes
+        calls: dict[int, ToolCallStream] = {}  # tools in play: each choice's streamed calls
         merged = merge(streams)
         try:
             async for _, out in merged:
@@ -120,19 +121,22 @@ class _Ctx:
                     delta = {"content": co.delta_text} if (co.delta_text or co.finish_reason is None) else {}
                     reason = co.finish_reason
                     if self.tools.active:
-                        # Tool calls are recognized on the whole reply: hold the text, send it (or the
-                        # calls, each complete in one delta) with the finishing chunk.
-                        held[idx] = held.get(idx, "") + (co.delta_text or "")
-                        if reason is None:
-                            if logprobs is not None:
-                                yield self._chunk([{"index": idx, "delta": {}, "logprobs": logprobs,
-                                                    "finish_reason": None}], cont)
-                            continue
-                        content, calls = parse_tool_calls(held.pop(idx), self.tools)
+                        # Calls stream as they are generated: a call's first delta names it, later ones
+                        # carry fragments of its arguments (serve/tool_stream.py); other text is content.
+                        ts = calls.get(idx)
+                        if ts is None:
+                            ts = calls[idx] = ToolCallStream(self.tools)
+                        content, tcs = ts.feed(co.delta_text or "")
+                        if reason is not None:
+                            more, tail = ts.end()
+                            content += more
+                            tcs = merge_deltas(tcs + tail)
+                            reason = tool_finish(reason, self.tools, ts.calls)
                         delta = {"content": content} if content else {}
-                        if calls:
-                            delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(calls)]
-                        reason = tool_finish(reason, self.tools, calls)
+                        if tcs:
+                            delta["tool_calls"] = tcs
+                        if not delta and reason is None and logprobs is None:
+                            continue
                     yield self._chunk([{"index": idx, "delta": delta, "logprobs": logprobs,
                                         "finish_reason": reason, "stop_reason": co.stop_reason}], cont)
             if include_usage:

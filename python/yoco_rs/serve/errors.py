@@ -29,8 +29,10 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error the server answers as-is (status, message, offending parameter)."""
 
-    def __init__(self, status: int, message: str, *, param: Optional[str] = None, type: Optional[str] = None):
+    def __init__(self, status: int, message: str, *, param: Optional[str] = None, type: Optional[str] = None,
+                 headers: Optional[dict] = None):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.param = param
@@ -42,7 +44,7 @@ class APIError(Exception):
 
     def response(self, headers: Optional[dict] = None) -> JSONResponse:
         """This error as an HTTP response."""
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or self.headers)
 
 
 def error_body(status: int, message: str, *, param: Optional[str] = None, type: Optional[str] = None) -> dict:

@@ -7,11 +7,16 @@ import time
 import uuid
 from typing import Optional
 
+from yoco_rs._core import GrammarBusyError
 from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
 from yoco_rs.sampling_params import SamplingParams
 from yoco_rs.serve.errors import APIError, from_value_error
 from yoco_rs.serve.sse import _close
 from yoco_rs.serve.validation import Prompt
+
+
+#: ``Retry-After`` (seconds) of the 503 answered when too many grammars are compiling at once.
+GRAMMAR_BUSY_RETRY_AFTER_S = 1
 
 
 def new_id(prefix: str) -> str:
@@ -42,6 +47,8 @@ async def submit(state, prompts: list[Prompt], params: list[SamplingParams], bas
             await _close(s)
         if isinstance(e, (ValueError, TypeError)):
             raise from_value_error(e) from None
+        if isinstance(e, GrammarBusyError):  # a transient overload: the client should retry
+            raise APIError(503, str(e), headers={"Retry-After": str(GRAMMAR_BUSY_RETRY_AFTER_S)}) from None
         if isinstance(e, (EngineClosedError, EngineDeadError)):
             raise state.engine_error(e) from None
         raise
