@@ -1,0 +1,168 @@
+//! `yoco-mock-server`: the Rust front end and step loop over the mock executor, for the serving
+//! benchmarks (`benches/serve_ceiling.py`) and black-box tests. Tokenization and detokenization are
+//! real (a `tokenizer.json`); the model is `yoco_core::mock` with a modelled forward time.
+//!
+//! ```text
+//! yoco-mock-server --tokenizer python/yoco_rs/default_model/tokenizer.json --port 8000 \
+//!     [--forward-ms 0] [--max-num-seqs 256] [--max-model-len 4096] [--block-size 16]
+//!     [--num-blocks N] [--served-model-name NAME] [--api-key KEY] [--metrics-prefix yoco|vllm]
+//! ```
+//!
+//! Extra route for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
+//! the previous call (the first call starts recording).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::get;
+use yoco_core::kv::LayerKind;
+use yoco_core::sched::SchedulerConfig;
+use yoco_server::{AppConfig, EngineHandle, LoopConfig, MockModel};
+use yoco_text::Tokenizer;
+
+struct Args {
+    tokenizer: String,
+    host: String,
+    port: u16,
+    forward_ms: f64,
+    max_num_seqs: u32,
+    max_model_len: u32,
+    block_size: u32,
+    num_blocks: Option<u32>,
+    name: String,
+    api_keys: Vec<String>,
+    metrics_prefix: String,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        tokenizer: String::new(),
+        host: "127.0.0.1".into(),
+        port: 8000,
+        forward_ms: 0.0,
+        max_num_seqs: 256,
+        max_model_len: 4096,
+        block_size: 16,
+        num_blocks: None,
+        name: "yoco-mock".into(),
+        api_keys: Vec::new(),
+        metrics_prefix: "yoco".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let num = |v: String| {
+            v.parse::<f64>()
+                .map_err(|e| format!("bad number {v:?}: {e}"))
+        };
+        match flag.as_str() {
+            "--tokenizer" => a.tokenizer = val()?,
+            "--host" => a.host = val()?,
+            "--port" => a.port = num(val()?)? as u16,
+            "--forward-ms" => a.forward_ms = num(val()?)?,
+            "--max-num-seqs" => a.max_num_seqs = num(val()?)? as u32,
+            "--max-model-len" => a.max_model_len = num(val()?)? as u32,
+            "--block-size" => a.block_size = num(val()?)? as u32,
+            "--num-blocks" => a.num_blocks = Some(num(val()?)? as u32),
+            "--served-model-name" => a.name = val()?,
+            "--api-key" => a.api_keys.push(val()?),
+            "--metrics-prefix" => a.metrics_prefix = val()?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if a.tokenizer.is_empty() {
+        return Err("--tokenizer PATH/tokenizer.json is required".into());
+    }
+    Ok(a)
+}
+
+/// Gemma 3n's layout, shrunk: sliding and full layers, the last third sharing KV.
+fn layers() -> Vec<LayerKind> {
+    vec![
+        LayerKind::Sliding { window: 512 },
+        LayerKind::Sliding { window: 512 },
+        LayerKind::Full,
+        LayerKind::SharesKv { donor: 1 },
+        LayerKind::SharesKv { donor: 2 },
+    ]
+}
+
+fn main() {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("yoco-mock-server: error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let tok = match Tokenizer::from_file(&a.tokenizer) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("yoco-mock-server: error: {}: {e}", a.tokenizer);
+            std::process::exit(2);
+        }
+    };
+    let vocab = tok.get_vocab_size(true) as u32;
+    let per_seq = a.max_model_len.div_ceil(a.block_size) + 1;
+    let blocks = a.num_blocks.unwrap_or(a.max_num_seqs * per_seq + 16);
+    let mut sc = SchedulerConfig::new(layers(), a.block_size, blocks).expect("scheduler config");
+    sc.max_num_seqs = a.max_num_seqs;
+    sc.max_model_len = a.max_model_len;
+    sc.max_num_batched_tokens = 8192.max(a.max_model_len);
+    let exec = MockModel::new(
+        vocab,
+        16.min(vocab - 1),
+        Duration::from_secs_f64(a.forward_ms * 1e-3),
+    );
+    let engine = EngineHandle::start(
+        LoopConfig {
+            scheduler: sc,
+            tokenizer: tok.clone(),
+            eos_token_ids: vec![1],
+            max_consecutive_failures: 8,
+        },
+        Box::new(exec),
+    )
+    .expect("step loop");
+    let mut cfg = AppConfig::new(&a.name, a.max_model_len, vocab);
+    cfg.api_keys = a.api_keys;
+    cfg.metrics_prefix = a.metrics_prefix;
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().expect("address");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let handle = engine.clone();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .unwrap_or_else(|e| {
+                eprintln!("yoco-mock-server: error: cannot bind {addr}: {e}");
+                std::process::exit(1);
+            });
+        let stats = engine.stats().clone();
+        let app = yoco_server::router(cfg, engine.clone(), tok).route(
+            "/bench/step_trace",
+            get(move || {
+                let s = stats.clone();
+                async move { axum::Json(s.take_step_trace()) }
+            }),
+        );
+        eprintln!(
+            "yoco-mock-server: serving on http://{}",
+            listener.local_addr().unwrap()
+        );
+        yoco_server::serve_router(listener, app, async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await
+        .expect("serve");
+    });
+    handle.shutdown();
+}
