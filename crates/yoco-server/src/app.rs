@@ -19,9 +19,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use yoco_text::Tokenizer;
 
 use crate::completions;
+use crate::handle::EngineHandle;
 use crate::metrics;
 use crate::openai::ApiError;
-use crate::step_loop::EngineHandle;
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
 #[derive(Clone)]
@@ -44,6 +44,9 @@ pub struct AppConfig {
     pub metrics_prefix: String,
     /// Stop strings per request at most.
     pub max_stop_strings: usize,
+    /// Prepended to text prompts that do not start with it (the checkpoint's `add_bos_token`; Gemma's
+    /// `tokenizer.json` does not add it itself). None: text is encoded as the tokenizer does.
+    pub bos_token_id: Option<u32>,
 }
 
 impl AppConfig {
@@ -59,6 +62,7 @@ impl AppConfig {
             max_request_body_bytes: 32 << 20,
             metrics_prefix: "yoco".into(),
             max_stop_strings: 64,
+            bos_token_id: None,
         }
     }
 }
@@ -102,6 +106,12 @@ pub fn router(cfg: AppConfig, engine: EngineHandle, tok: Tokenizer) -> Router {
         .route("/v1/completions", post(completions::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
+        .route("/v1/chat/completions", post(not_yet))
+        .route("/v1/completions/render", post(not_yet))
+        .route("/v1/chat/completions/render", post(not_yet))
+        .route("/v1/audio/transcriptions", post(not_yet))
+        .route("/tokenize", post(not_yet))
+        .route("/detokenize", post(not_yet))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(api)
@@ -211,6 +221,18 @@ async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Endpoints of the Python server this front end does not serve yet: a clear 501, not a 404.
+async fn not_yet(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} is not served by the Rust front end yet; start yoco-serve with --frontend python",
+            req.uri().path()
+        ),
+    )
+    .into_response()
 }
 
 async fn not_found(req: Request) -> Response {

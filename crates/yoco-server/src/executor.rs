@@ -10,7 +10,21 @@ use std::time::{Duration, Instant};
 use yoco_core::mock::MockExecutor;
 use yoco_core::sched::StepPlan;
 
-use crate::params::SamplingFields;
+use crate::params::GenParams;
+
+/// What one step gives the executor.
+pub struct StepInputs<'a> {
+    /// The plan (flat arrays; see `yoco_core::sched::plan`).
+    pub plan: &'a StepPlan,
+    /// KV group g's persistent block table (`[max_num_seqs * max_blocks_per_seq]`, row-major,
+    /// indexed by `plan.req_rows`).
+    pub tables: &'a [&'a [i32]],
+    /// `max_blocks_per_seq`: the tables' row length.
+    pub max_blocks_per_seq: usize,
+    /// Output tokens so far of requests this plan resumes after a preemption (samplers that count
+    /// outputs, for `min_tokens` or penalties, restore their state from them).
+    pub resumed: &'a [(u64, Vec<u32>)],
+}
 
 /// An executor failure: the step's requests are aborted with this message, the loop goes on.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -19,21 +33,23 @@ pub struct ExecError(pub String);
 
 /// The model behind the step loop.
 pub trait Executor: Send + 'static {
-    /// A request was admitted to the core under `id`; its sampling fields apply to its rows from now
-    /// on (rows are in the plan's `admitted_*` arrays).
-    fn add_request(&mut self, id: u64, prompt: &[u32], sampling: &SamplingFields);
+    /// A request was queued under `id`; its sampling parameters apply to its rows once a plan
+    /// admits it (the plan's `admitted_*` arrays).
+    fn add_request(&mut self, id: u64, params: &GenParams);
 
     /// The request `id` ended (finished or aborted): drop its per-request state.
     fn remove_request(&mut self, id: u64);
 
-    /// Start the forward and sampling of `plan`; `tables[g]` is KV group g's persistent block table
-    /// (`[max_num_seqs * max_blocks_per_seq]`, indexed by `plan.req_rows`). At most one step is in
-    /// flight: the loop calls [`Executor::collect`] before the next launch.
-    fn launch(&mut self, plan: &StepPlan, tables: &[&[i32]]) -> Result<(), ExecError>;
+    /// Start the forward and sampling of a step. At most one step is in flight: the loop calls
+    /// [`Executor::collect`] before the next launch.
+    fn launch(&mut self, step: &StepInputs<'_>) -> Result<(), ExecError>;
 
     /// Wait for the step launched last; one sampled id per entry of `plan.sample_rows`, in order.
     fn collect(&mut self) -> Result<&[i32], ExecError>;
 }
+
+/// Which steps a [`MockModel`] fails.
+type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
 
 /// A mock model for benchmarks and protocol tests: the core's deterministic [`MockExecutor`] (the
 /// next token is a hash of the last token and its position; KV-simulating optional), whose
@@ -44,7 +60,7 @@ pub struct MockModel {
     inner: MockExecutor,
     forward: Duration,
     ready_at: Option<Instant>,
-    fail_when: Option<Box<dyn FnMut(&StepPlan) -> bool + Send>>,
+    fail_when: Option<FailWhen>,
     failed: bool,
     out: Vec<i32>,
 }
@@ -79,15 +95,16 @@ impl MockModel {
 }
 
 impl Executor for MockModel {
-    fn add_request(&mut self, _id: u64, _prompt: &[u32], _sampling: &SamplingFields) {}
+    fn add_request(&mut self, _id: u64, _params: &GenParams) {}
 
     fn remove_request(&mut self, _id: u64) {}
 
-    fn launch(&mut self, plan: &StepPlan, tables: &[&[i32]]) -> Result<(), ExecError> {
-        self.failed = self.fail_when.as_mut().is_some_and(|f| f(plan));
+    fn launch(&mut self, step: &StepInputs<'_>) -> Result<(), ExecError> {
+        self.failed = self.fail_when.as_mut().is_some_and(|f| f(step.plan));
         self.out.clear();
         if !self.failed {
-            self.out.extend_from_slice(self.inner.sample(plan, tables));
+            self.out
+                .extend_from_slice(self.inner.sample(step.plan, step.tables));
         }
         self.ready_at = Some(Instant::now() + self.forward);
         Ok(())

@@ -25,18 +25,21 @@
 
 #![warn(missing_docs)]
 
+mod answer;
 pub mod app;
 mod completions;
 pub mod executor;
+pub mod handle;
 mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
 pub mod stats;
 pub mod step_loop;
+mod validate;
 
 pub use app::{router, serve, serve_router, AppConfig};
-pub use executor::{ExecError, Executor, MockModel};
+pub use executor::{ExecError, Executor, MockModel, StepInputs};
+pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use output::{Event, FinishReason};
 pub use params::GenParams;
-pub use step_loop::{EngineHandle, LoopConfig, SubmitError};

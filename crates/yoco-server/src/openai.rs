@@ -46,6 +46,7 @@ impl ApiError {
             405 => "MethodNotAllowedError",
             413 => "RequestEntityTooLargeError",
             415 => "UnsupportedMediaTypeError",
+            501 => "NotImplementedError",
             503 => "ServiceUnavailableError",
             s if s < 500 => "BadRequestError",
             _ => "InternalServerError",

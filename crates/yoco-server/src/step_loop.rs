@@ -15,44 +15,25 @@
 //! happens while the device computes. An executor error fails the step's requests, not the loop;
 //! `max_consecutive_failures` failed steps in a row stop it (the server then answers 503).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedSender;
 use yoco_core::kv::HashExtras;
-use yoco_core::sched::{FinishReason as CoreFinish, NewRequest, Scheduler, SchedulerConfig};
-use yoco_text::{SeqOptions, TextBatch, Tokenizer};
+use yoco_core::sched::{FinishReason as CoreFinish, NewRequest, Scheduler};
+use yoco_text::{SeqOptions, TextBatch};
 
-use crate::executor::Executor;
+use crate::executor::{Executor, StepInputs};
+use crate::handle::LoopConfig;
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
 use crate::stats::Stats;
 
-/// What the loop is built from.
-pub struct LoopConfig {
-    /// The scheduler's limits and KV layout.
-    pub scheduler: SchedulerConfig,
-    /// Decodes outputs (the checkpoint's `tokenizer.json`).
-    pub tokenizer: Tokenizer,
-    /// End-of-sequence ids (a request stops on them unless `ignore_eos`).
-    pub eos_token_ids: Vec<u32>,
-    /// Failed steps in a row after which the loop stops.
-    pub max_consecutive_failures: u32,
-}
-
-/// Why a submission was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    /// The loop has stopped (shut down, or its executor failed too often).
-    #[error("the engine is not running")]
-    Closed,
-}
-
-enum Command {
+/// What handles send the loop.
+pub(crate) enum Command {
     Submit {
         id: u64,
         params: GenParams,
@@ -61,98 +42,6 @@ enum Command {
     },
     Abort(u64),
     Shutdown,
-}
-
-/// A cloneable handle to a running loop: submit, abort, read its figures, stop it.
-#[derive(Clone)]
-pub struct EngineHandle {
-    inner: Arc<HandleInner>,
-}
-
-struct HandleInner {
-    tx: Mutex<Sender<Command>>,
-    next_id: AtomicU64,
-    stats: Arc<Stats>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl EngineHandle {
-    /// Starts the loop on its own thread.
-    pub fn start(config: LoopConfig, executor: Box<dyn Executor>) -> Result<Self, String> {
-        let sched = Scheduler::new(config.scheduler).map_err(|e| e.to_string())?;
-        let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel();
-        let mut state = StepLoop {
-            sched,
-            text: TextBatch::new(config.tokenizer),
-            exec: executor,
-            live: FxHashMap::default(),
-            eos: config.eos_token_ids,
-            max_failures: config.max_consecutive_failures.max(1),
-            failures: 0,
-            rx,
-            stats: stats.clone(),
-            outbox: Vec::new(),
-            aborts: Vec::new(),
-            sampled: Vec::new(),
-            last_step: None,
-        };
-        let thread = std::thread::Builder::new()
-            .name("yoco-step-loop".into())
-            .spawn(move || state.run())
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
-            inner: Arc::new(HandleInner {
-                tx: Mutex::new(tx),
-                next_id: AtomicU64::new(1),
-                stats,
-                thread: Mutex::new(Some(thread)),
-            }),
-        })
-    }
-
-    /// Queues a request; its events arrive on the returned channel, the last one `Finished`.
-    /// Dropping the receiver aborts the request.
-    pub fn submit(
-        &self,
-        params: GenParams,
-    ) -> Result<(u64, UnboundedReceiver<Event>), SubmitError> {
-        if self.inner.stats.dead.load(Relaxed) {
-            return Err(SubmitError::Closed);
-        }
-        let id = self.inner.next_id.fetch_add(1, Relaxed);
-        let (tx, rx) = unbounded_channel();
-        let cmd = Command::Submit {
-            id,
-            params,
-            tx,
-            arrival: Instant::now(),
-        };
-        self.send(cmd).map_err(|_| SubmitError::Closed)?;
-        Ok((id, rx))
-    }
-
-    /// Aborts a request in any state (unknown ids are ignored). Its channel gets `Finished(abort)`.
-    pub fn abort(&self, id: u64) {
-        let _ = self.send(Command::Abort(id));
-    }
-
-    /// The loop's live figures.
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.inner.stats
-    }
-
-    /// Aborts everything, stops the loop and waits for its thread.
-    pub fn shutdown(&self) {
-        let _ = self.send(Command::Shutdown);
-        if let Some(t) = self.inner.thread.lock().unwrap().take() {
-            let _ = t.join();
-        }
-    }
-
-    fn send(&self, cmd: Command) -> Result<(), ()> {
-        self.inner.tx.lock().unwrap().send(cmd).map_err(|_| ())
-    }
 }
 
 /// A request the loop serves.
@@ -166,7 +55,7 @@ struct Live {
     stop: Vec<String>,
 }
 
-struct StepLoop {
+pub(crate) struct StepLoop {
     sched: Scheduler,
     text: TextBatch,
     exec: Box<dyn Executor>,
@@ -186,7 +75,31 @@ struct StepLoop {
 }
 
 impl StepLoop {
-    fn run(&mut self) {
+    pub(crate) fn new(
+        config: LoopConfig,
+        exec: Box<dyn Executor>,
+        rx: Receiver<Command>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, String> {
+        Ok(StepLoop {
+            sched: Scheduler::new(config.scheduler).map_err(|e| e.to_string())?,
+            text: TextBatch::new(config.tokenizer),
+            exec,
+            live: FxHashMap::default(),
+            eos: config.eos_token_ids,
+            max_failures: config.max_consecutive_failures.max(1),
+            failures: 0,
+            rx,
+            stats,
+            outbox: Vec::new(),
+            aborts: Vec::new(),
+            sampled: Vec::new(),
+            last_step: None,
+        })
+    }
+
+    /// Runs until shutdown, or until too many steps failed in a row.
+    pub(crate) fn run(&mut self) {
         let stop = loop {
             if self.live.is_empty() && self.outbox.is_empty() {
                 // Idle: sleep until a command arrives.
@@ -303,7 +216,7 @@ impl StepLoop {
             }));
             return;
         }
-        self.exec.add_request(id, &p.prompt, &p.sampling);
+        self.exec.add_request(id, &p);
         self.live.insert(
             id,
             Live {
@@ -339,18 +252,32 @@ impl StepLoop {
         if let Some(prev) = self.last_step.replace(t0) {
             self.stats.observe_step((t0 - prev).as_nanos() as u64);
         }
+        let mut resumed = Vec::new();
         for k in 0..plan.admitted_ids.len() {
             let id = plan.admitted_ids[k];
             if let Some(l) = self.live.get_mut(&id) {
                 if !l.admitted {
                     l.admitted = true;
                     l.cached = plan.admitted_num_cached[k].max(0) as u32;
+                } else {
+                    resumed.push((
+                        id,
+                        self.text
+                            .tokens(id)
+                            .map(<[u32]>::to_vec)
+                            .unwrap_or_default(),
+                    ));
                 }
             }
         }
         let ngroups = self.sched.num_groups();
         let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
-        let launched = self.exec.launch(plan, &tables);
+        let launched = self.exec.launch(&StepInputs {
+            plan,
+            tables: &tables,
+            max_blocks_per_seq: self.sched.max_blocks_per_seq(),
+            resumed: &resumed,
+        });
         let num_samples = plan.num_samples();
 
         // Overlapped with the forward.
@@ -420,8 +347,7 @@ impl StepLoop {
             stop_text.insert(k, w as usize);
         }
         let mut di = 0;
-        for k in 0..outcome.req_ids.len() {
-            let id = outcome.req_ids[k];
+        for (k, &id) in outcome.req_ids.iter().enumerate() {
             let delta = if di < step.delta_idx.len() && step.delta_idx[di] as usize == k {
                 di += 1;
                 std::mem::take(&mut step.deltas[di - 1])

@@ -36,13 +36,7 @@ fn reference_tokens(prompt: &[u32], max_tokens: u32) -> Vec<u32> {
     out
 }
 
-fn encode(text: &str) -> Vec<u32> {
-    common::tokenizer()
-        .encode(text, true)
-        .unwrap()
-        .get_ids()
-        .to_vec()
-}
+use common::encode;
 
 fn decode(ids: &[u32]) -> String {
     common::tokenizer().decode(ids, true).unwrap()
@@ -310,6 +304,12 @@ fn unknown_model_and_route_are_404s_in_the_envelope() {
     assert_eq!(st, 404);
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["error"]["type"], "NotFoundError");
+    let (st, v) = s.json("/v1/chat/completions", r#"{"messages": []}"#);
+    assert_eq!(st, 501, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--frontend python"));
     let (st, b) = s.get("/v1/models");
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&b).unwrap();

@@ -87,6 +87,24 @@ fn layers() -> Vec<LayerKind> {
     ]
 }
 
+/// `<bos>` when the checkpoint's `tokenizer_config.json` (beside `tokenizer.json`) says to add it.
+fn bos_of(tokenizer_json: &str, tok: &Tokenizer) -> Option<u32> {
+    let dir = std::path::Path::new(tokenizer_json).parent()?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?)
+            .ok()?;
+    if !cfg
+        .get("add_bos_token")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
+    {
+        return None;
+    }
+    let bos = cfg.get("bos_token")?;
+    let text = bos.as_str().or_else(|| bos.get("content")?.as_str())?;
+    tok.token_to_id(text)
+}
+
 fn main() {
     let a = match parse() {
         Ok(a) => a,
@@ -125,6 +143,7 @@ fn main() {
     )
     .expect("step loop");
     let mut cfg = AppConfig::new(&a.name, a.max_model_len, vocab);
+    cfg.bos_token_id = bos_of(&a.tokenizer, &tok);
     cfg.api_keys = a.api_keys;
     cfg.metrics_prefix = a.metrics_prefix;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().expect("address");

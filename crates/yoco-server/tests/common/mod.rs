@@ -18,6 +18,16 @@ use yoco_text::Tokenizer;
 
 pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// The bundled checkpoint's `<bos>`, which its `tokenizer_config.json` adds to text prompts.
+pub const BOS: u32 = 2;
+
+/// Prompt ids of `text` as the server encodes it: `<bos>` then the tokenizer's ids.
+pub fn encode(text: &str) -> Vec<u32> {
+    let mut ids = vec![BOS];
+    ids.extend_from_slice(tokenizer().encode(text, false).unwrap().get_ids());
+    ids
+}
+
 pub fn tokenizer() -> Tokenizer {
     let p = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -89,6 +99,7 @@ impl TestServer {
         let mut cfg = AppConfig::new("mock", o.max_model_len, vocab);
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
+        cfg.bos_token_id = Some(BOS);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
