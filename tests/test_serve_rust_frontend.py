@@ -78,3 +78,24 @@ def test_rust_frontend_refuses_what_it_does_not_serve_yet_by_name(server):
 def test_rust_frontend_refuses_unsupported_flags_at_start():
     with pytest.raises(RuntimeError, match="--chat-template is not supported with --frontend rust"):
         CliServer("--frontend", "rust", "--chat-template", "{{ messages }}", timeout=60)
+
+
+def test_data_parallel_loops_give_the_same_text_and_keep_a_prefix_on_one_loop(reference):
+    s = CliServer(*FLAGS, "--data-parallel-size", "2")
+    try:
+        assert "2 step loops" in s.log
+        prefix = list(range(300, 364))  # four 16-token blocks
+        cached = []
+        for q in range(3):
+            r = httpx.post(s.url + "/v1/completions", timeout=120,
+                           json={"prompt": prefix + [1000 + q], "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, r.text
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0, cached  # the same loop's cache each time
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPTS, "max_tokens": 24, "temperature": 0,
+                                                        "ignore_eos": True}, timeout=120)
+        assert [c["text"] for c in r.json()["choices"]] == reference
+        m = httpx.get(s.url + "/metrics", timeout=30).text
+        assert 'engine="0"' in m and 'engine="1"' in m
+    finally:
+        s.kill()

@@ -151,12 +151,13 @@ impl Executor for PyStepExecutor {
     }
 }
 
-/// Serves the OpenAI API from Rust over `executor` until SIGINT or SIGTERM; blocks with the GIL
-/// released. `scheduler` is the configured scheduler whose configuration the step loop copies
-/// (the Python one is not used while serving). `on_ready(url)` is called once the port is bound.
+/// Serves the OpenAI API from Rust until SIGINT or SIGTERM; blocks with the GIL released. `loops`
+/// holds one `(scheduler, executor)` pair per step loop (`--data-parallel-size`): each loop copies
+/// its scheduler's configuration (the Python scheduler is not used while serving) and drives its
+/// executor. `on_ready(url)` is called once the port is bound.
 #[pyfunction]
 #[pyo3(signature = (
-    scheduler, executor, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
+    loops, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
     vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
     max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
     on_ready = None
@@ -164,8 +165,7 @@ impl Executor for PyStepExecutor {
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
     py: Python<'_>,
-    scheduler: PyRef<'_, Scheduler>,
-    executor: Py<PyAny>,
+    loops: Vec<(Py<Scheduler>, Py<PyAny>)>,
     tokenizer_file: String,
     eos_token_ids: Vec<u32>,
     bos_token_id: Option<u32>,
@@ -185,28 +185,40 @@ pub fn serve_http(
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
     }
-    let config = scheduler.inner.config().clone();
-    let block_size = config.kv.block_size as usize;
-    let num_groups = scheduler.inner.num_groups();
-    drop(scheduler);
+    if loops.is_empty() {
+        return Err(PyValueError::new_err(
+            "loops is empty: give at least one (scheduler, executor)",
+        ));
+    }
     let tok = Tokenizer::from_file(&tokenizer_file)
         .map_err(|e| PyValueError::new_err(format!("{tokenizer_file}: {e}")))?;
-    let exec = PyStepExecutor {
-        obj: executor,
-        num_groups,
-        block_size,
-        sampled: Vec::new(),
-    };
-    let engine = yoco_server::EngineHandle::start(
-        LoopConfig {
-            scheduler: config,
-            tokenizer: tok.clone(),
-            eos_token_ids,
-            max_consecutive_failures,
-        },
-        Box::new(exec),
-    )
-    .map_err(PyValueError::new_err)?;
+    let mut handles = Vec::with_capacity(loops.len());
+    for (scheduler, executor) in loops {
+        let (config, num_groups) = {
+            let s = scheduler.borrow(py);
+            (s.inner.config().clone(), s.inner.num_groups())
+        };
+        let block_size = config.kv.block_size as usize;
+        let exec = PyStepExecutor {
+            obj: executor,
+            num_groups,
+            block_size,
+            sampled: Vec::new(),
+        };
+        let engine = yoco_server::EngineHandle::start(
+            LoopConfig {
+                scheduler: config,
+                tokenizer: tok.clone(),
+                eos_token_ids: eos_token_ids.clone(),
+                max_consecutive_failures,
+            },
+            Box::new(exec),
+        )
+        .map_err(PyValueError::new_err)?;
+        handles.push(engine);
+    }
+    let stop_all = handles.clone();
+    let engines = yoco_server::Engines::new(handles);
     let mut cfg = AppConfig::new(&served_model_names[0], max_model_len, vocab_size);
     cfg.served_model_names = served_model_names;
     cfg.api_keys = api_keys;
@@ -219,7 +231,6 @@ pub fn serve_http(
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
-    let handle = engine.clone();
     let result = py.detach(move || -> Result<(), String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -235,7 +246,7 @@ pub fn serve_http(
                 Python::attach(|py| cb.call1(py, (format!("http://{bound}"),)).map(|_| ()))
                     .map_err(|e| e.to_string())?;
             }
-            let app = yoco_server::router(cfg, engine, tok);
+            let app = yoco_server::router(cfg, engines, tok);
             yoco_server::serve_router(listener, app, async {
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -249,6 +260,6 @@ pub fn serve_http(
             .map_err(|e| e.to_string())
         })
     });
-    py.detach(|| handle.shutdown());
+    py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));
     result.map_err(PyOSError::new_err)
 }

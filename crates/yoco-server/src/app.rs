@@ -3,7 +3,6 @@
 //! Every handler runs on tokio's workers, never on the step loop's thread; tokenizing a long prompt
 //! moves to the blocking pool so the accept path stays responsive.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,11 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use std::sync::atomic::Ordering::Relaxed;
 use yoco_text::Tokenizer;
 
 use crate::completions;
-use crate::handle::EngineHandle;
+use crate::dispatch::Engines;
 use crate::metrics;
 use crate::openai::ApiError;
 
@@ -70,7 +68,7 @@ impl AppConfig {
 /// What every handler sees.
 pub(crate) struct AppState {
     pub cfg: AppConfig,
-    pub engine: EngineHandle,
+    pub engines: Engines,
     pub tok: Tokenizer,
     pub started_at: u64,
 }
@@ -90,12 +88,12 @@ impl AppState {
     }
 }
 
-/// The router over a running engine loop.
-pub fn router(cfg: AppConfig, engine: EngineHandle, tok: Tokenizer) -> Router {
+/// The router over running step loops (one, or `--data-parallel-size` of them).
+pub fn router(cfg: AppConfig, engines: impl Into<Engines>, tok: Tokenizer) -> Router {
     let limit = cfg.max_request_body_bytes;
     let state = Arc::new(AppState {
         cfg,
-        engine,
+        engines: engines.into(),
         tok,
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -121,22 +119,6 @@ pub fn router(cfg: AppConfig, engine: EngineHandle, tok: Tokenizer) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-}
-
-/// Binds `addr` and serves until `shutdown` resolves; then stops the loop.
-pub async fn serve(
-    addr: SocketAddr,
-    cfg: AppConfig,
-    engine: EngineHandle,
-    tok: Tokenizer,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let app = router(cfg, engine.clone(), tok);
-    let r = serve_router(listener, app, shutdown).await;
-    let e = engine.clone();
-    let _ = tokio::task::spawn_blocking(move || e.shutdown()).await;
-    r
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves. Connections get `TCP_NODELAY`: an SSE
@@ -174,7 +156,7 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    if s.engine.stats().dead.load(Relaxed) {
+    if s.engines.all_dead() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "dead"})),
@@ -208,11 +190,8 @@ async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Respon
 }
 
 async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
-    let body = metrics::render(
-        &s.cfg.metrics_prefix,
-        &s.cfg.served_model_names[0],
-        s.engine.stats(),
-    );
+    let stats: Vec<&crate::stats::Stats> = s.engines.loops().iter().map(|l| &**l.stats()).collect();
+    let body = metrics::render(&s.cfg.metrics_prefix, &s.cfg.served_model_names[0], &stats);
     (
         [(
             header::CONTENT_TYPE,

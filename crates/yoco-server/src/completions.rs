@@ -32,11 +32,7 @@ pub(crate) async fn create(
 async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
     let model = s.check_model(req.model.as_deref())?;
-    if s.engine
-        .stats()
-        .dead
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
+    if s.engines.all_dead() {
         return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,
             "The engine is not running.",
@@ -69,13 +65,12 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
             if let (Some(seed), true) = (p.sampling.seed, j > 0) {
                 p.sampling.seed = Some(seed.wrapping_add(j as u64));
             }
-            let (id, rx) = s.engine.submit(p).map_err(|e| {
+            let (_, _, rx) = s.engines.submit(p).map_err(|e| {
                 ApiError::status(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("The engine is not running: {e}"),
                 )
             })?;
-            let _ = id;
             subs.push((i * n as usize + j as usize, rx));
         }
     }

@@ -28,6 +28,7 @@
 mod answer;
 pub mod app;
 mod completions;
+pub mod dispatch;
 pub mod executor;
 pub mod handle;
 mod metrics;
@@ -38,7 +39,8 @@ pub mod stats;
 pub mod step_loop;
 mod validate;
 
-pub use app::{router, serve, serve_router, AppConfig};
+pub use app::{router, serve_router, AppConfig};
+pub use dispatch::Engines;
 pub use executor::{ExecError, Executor, MockModel, StepInputs};
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use output::{Event, FinishReason};

@@ -93,7 +93,11 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
             print(f"yoco-serve: error: {flag} is not supported with --frontend rust yet", file=sys.stderr, flush=True)
             return 2
     cfg = EngineConfig.from_kwargs(model, **engine_kwargs)
-    rt = build_runtime(cfg, progress=not args.disable_progress)
+    dp = int(getattr(args, "data_parallel_size", 1) or 1)
+    # One runtime per step loop: its own weights, KV pool and sampler (on a GPU, pin each process to
+    # its device; in one process they share the device and its memory budget).
+    rts = [build_runtime(cfg, progress=not args.disable_progress) for _ in range(dp)]
+    rt = rts[0]
     names = list(settings.served_model_names or [rt.model_name])
 
     c = rt.config
@@ -104,10 +108,10 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         # The same line as the Python front end's (tests and scripts read the URL at its end).
         print(f"yoco-serve ready: model {names[0]} | KV capacity {rt.kv_capacity_tokens:,} tokens (block "
               f"{c.block_size}) | fast prefill {'on' if c.kv_sharing_fast_prefill else 'off'} | prefix caching {pc} | "
-              f"max_model_len {c.max_model_len}{mem} | front end rust | {url}", file=sys.stderr, flush=True)
+              f"max_model_len {c.max_model_len}{mem} | front end rust, {dp} step loop{'s' if dp > 1 else ''} | {url}", file=sys.stderr, flush=True)
 
     _core.serve_http(
-        rt.scheduler, StepExecutor(rt), tokenizer_file=rt.tokenizer.tokenizer_file,
+        [(r.scheduler, StepExecutor(r)) for r in rts], tokenizer_file=rt.tokenizer.tokenizer_file,
         eos_token_ids=list(rt.tokenizer.eos_token_ids),
         bos_token_id=rt.tokenizer.bos_token_id if rt.tokenizer.add_bos_token else None, host=args.host, port=args.port, served_model_names=names,
         max_model_len=int(rt.config.max_model_len), vocab_size=int(rt.vocab_size),

@@ -6,6 +6,7 @@
 //! yoco-mock-server --tokenizer python/yoco_rs/default_model/tokenizer.json --port 8000 \
 //!     [--forward-ms 0] [--max-num-seqs 256] [--max-model-len 4096] [--block-size 16]
 //!     [--num-blocks N] [--served-model-name NAME] [--api-key KEY] [--metrics-prefix yoco|vllm]
+//!     [--data-parallel-size N]
 //! ```
 //!
 //! Extra route for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
@@ -32,6 +33,7 @@ struct Args {
     name: String,
     api_keys: Vec<String>,
     metrics_prefix: String,
+    data_parallel_size: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -47,6 +49,7 @@ fn parse() -> Result<Args, String> {
         name: "yoco-mock".into(),
         api_keys: Vec::new(),
         metrics_prefix: "yoco".into(),
+        data_parallel_size: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +70,7 @@ fn parse() -> Result<Args, String> {
             "--served-model-name" => a.name = val()?,
             "--api-key" => a.api_keys.push(val()?),
             "--metrics-prefix" => a.metrics_prefix = val()?,
+            "--data-parallel-size" => a.data_parallel_size = (num(val()?)? as usize).max(1),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -127,21 +131,22 @@ fn main() {
     sc.max_num_seqs = a.max_num_seqs;
     sc.max_model_len = a.max_model_len;
     sc.max_num_batched_tokens = 8192.max(a.max_model_len);
-    let exec = MockModel::new(
-        vocab,
-        16.min(vocab - 1),
-        Duration::from_secs_f64(a.forward_ms * 1e-3),
-    );
-    let engine = EngineHandle::start(
-        LoopConfig {
-            scheduler: sc,
-            tokenizer: tok.clone(),
-            eos_token_ids: vec![1],
-            max_consecutive_failures: 8,
-        },
-        Box::new(exec),
-    )
-    .expect("step loop");
+    let loops: Vec<EngineHandle> = (0..a.data_parallel_size)
+        .map(|_| {
+            let exec = MockModel::new(
+                vocab,
+                16.min(vocab - 1),
+                Duration::from_secs_f64(a.forward_ms * 1e-3),
+            );
+            let cfg = LoopConfig {
+                scheduler: sc.clone(),
+                tokenizer: tok.clone(),
+                eos_token_ids: vec![1],
+                max_consecutive_failures: 8,
+            };
+            EngineHandle::start(cfg, Box::new(exec)).expect("step loop")
+        })
+        .collect();
     let mut cfg = AppConfig::new(&a.name, a.max_model_len, vocab);
     cfg.bos_token_id = bos_of(&a.tokenizer, &tok);
     cfg.api_keys = a.api_keys;
@@ -151,7 +156,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio");
-    let handle = engine.clone();
+    let stop_all = loops.clone();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -159,8 +164,9 @@ fn main() {
                 eprintln!("yoco-mock-server: error: cannot bind {addr}: {e}");
                 std::process::exit(1);
             });
-        let stats = engine.stats().clone();
-        let app = yoco_server::router(cfg, engine.clone(), tok).route(
+        // The step trace of loop 0 (benchmarks run one loop).
+        let stats = loops[0].stats().clone();
+        let app = yoco_server::router(cfg, yoco_server::Engines::new(loops), tok).route(
             "/bench/step_trace",
             get(move || {
                 let s = stats.clone();
@@ -183,5 +189,5 @@ fn main() {
         .await
         .expect("serve");
     });
-    handle.shutdown();
+    stop_all.iter().for_each(|l| l.shutdown());
 }

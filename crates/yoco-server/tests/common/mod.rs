@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use yoco_core::kv::LayerKind;
 use yoco_core::sched::SchedulerConfig;
-use yoco_server::{AppConfig, EngineHandle, LoopConfig, MockModel};
+use yoco_server::{AppConfig, EngineHandle, Engines, LoopConfig, MockModel};
 use yoco_text::Tokenizer;
 
 pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
@@ -38,7 +38,10 @@ pub fn tokenizer() -> Tokenizer {
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// Loop 0.
     pub engine: EngineHandle,
+    /// Every loop (`Opts::loops`).
+    pub loops: Vec<EngineHandle>,
     pub client: HttpClient,
     pub rt: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -52,7 +55,12 @@ pub struct Opts {
     pub api_keys: Vec<String>,
     pub max_body: usize,
     pub max_failures: u32,
+    /// Loop 0's executor (default: the plain mock with `forward`).
     pub exec: Option<MockModel>,
+    /// Step loops behind the front end (`--data-parallel-size`).
+    pub loops: usize,
+    /// The executor of loop i given the vocabulary size (default: the plain mock).
+    pub exec_of: Option<fn(usize, u32) -> MockModel>,
 }
 
 impl Default for Opts {
@@ -66,6 +74,8 @@ impl Default for Opts {
             max_body: 1 << 20,
             max_failures: 4,
             exec: None,
+            loops: 1,
+            exec_of: None,
         }
     }
 }
@@ -83,19 +93,26 @@ impl TestServer {
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
         sc.max_num_batched_tokens = 1024;
-        let exec = o
-            .exec
-            .unwrap_or_else(|| MockModel::new(vocab, 16, o.forward));
-        let engine = EngineHandle::start(
-            LoopConfig {
-                scheduler: sc,
-                tokenizer: tok.clone(),
-                eos_token_ids: vec![1],
-                max_consecutive_failures: o.max_failures,
-            },
-            Box::new(exec),
-        )
-        .unwrap();
+        let mut first = o.exec;
+        let loops: Vec<EngineHandle> = (0..o.loops.max(1))
+            .map(|i| {
+                let exec = match (first.take(), o.exec_of) {
+                    (Some(e), _) => e,
+                    (None, Some(f)) => f(i, vocab),
+                    (None, None) => MockModel::new(vocab, 16, o.forward),
+                };
+                EngineHandle::start(
+                    LoopConfig {
+                        scheduler: sc.clone(),
+                        tokenizer: tok.clone(),
+                        eos_token_ids: vec![1],
+                        max_consecutive_failures: o.max_failures,
+                    },
+                    Box::new(exec),
+                )
+                .unwrap()
+            })
+            .collect();
         let mut cfg = AppConfig::new("mock", o.max_model_len, vocab);
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
@@ -106,7 +123,7 @@ impl TestServer {
             .build()
             .unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let app = yoco_server::router(cfg, engine.clone(), tok);
+        let app = yoco_server::router(cfg, Engines::new(loops.clone()), tok);
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -120,7 +137,8 @@ impl TestServer {
         let client = rt.block_on(async { Client::builder(TokioExecutor::new()).build_http() });
         Self {
             addr,
-            engine,
+            engine: loops[0].clone(),
+            loops,
             client,
             rt,
             stop: Some(stop),
@@ -198,7 +216,9 @@ impl Drop for TestServer {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        self.engine.shutdown();
+        for l in &self.loops {
+            l.shutdown();
+        }
     }
 }
 
