@@ -78,8 +78,8 @@ impl StreamState {
         let first = !self.started[idx];
         self.started[idx] = true;
         let (mut text, finish, stop_reason) = match ev {
-            Event::Delta { token_ids, text } => {
-                self.generated[idx] += token_ids.len() as u64;
+            Event::Delta { token_id, text } => {
+                self.generated[idx] += token_id.is_some() as u64;
                 (text, Value::Null, Value::Null)
             }
             Event::Finished(f) => {

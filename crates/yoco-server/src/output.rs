@@ -38,8 +38,8 @@ pub enum Event {
     /// Streaming requests: the tokens and text this step produced (text may be empty while the
     /// detokenizer or a possible stop string holds bytes back).
     Delta {
-        /// Token ids produced this step.
-        token_ids: Vec<u32>,
+        /// The token produced this step (None: the step produced none for this request).
+        token_id: Option<u32>,
         /// New text.
         text: String,
     },

@@ -326,7 +326,7 @@ impl StepLoop {
             .fetch_add(outcome.req_ids.len() as u64, Relaxed);
         let mut fin = outcome.finish_reasons.clone();
         let mut step = match self.text.step(&outcome.req_ids, &outcome.new_tokens, &fin) {
-            Ok(s) => s.clone(),
+            Ok(_) => self.text.take_step(),
             Err(e) => {
                 let ids = outcome.req_ids.clone();
                 for id in ids {
@@ -361,21 +361,10 @@ impl StepLoop {
             if tok >= 0 {
                 l.generated += 1;
             }
-            let token_ids = if tok >= 0 {
-                vec![tok as u32]
-            } else {
-                Vec::new()
-            };
+            let token_id = (tok >= 0).then_some(tok as u32);
             if fin[k] == 0 {
                 if l.stream {
-                    self.outbox.push((
-                        id,
-                        Event::Delta {
-                            token_ids,
-                            text: delta,
-                        },
-                        None,
-                    ));
+                    self.outbox.push((id, Event::Delta { token_id, text: delta }, None));
                 }
                 continue;
             }
@@ -388,7 +377,7 @@ impl StepLoop {
                 _ => None,
             };
             // A streaming request's last delta rides on its `Finished` (one chunk, as vLLM).
-            let tail = l.stream.then_some((delta, token_ids));
+            let tail = l.stream.then(|| (delta, token_id.into_iter().collect()));
             self.end(id, FinishReason::from_core(fin[k]), stop_reason, None, tail);
         }
     }
