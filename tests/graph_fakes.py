@@ -13,7 +13,7 @@ import torch
 from step_plans import MiniPlanner
 from torch import nn
 
-from yoco_rs.executor.attention import get_backend
+from yoco_rs.attention import get_backend
 from yoco_rs.executor.cuda_graphs import CudaGraphRunner, GraphConfig
 
 WINDOWS = [5, None]  # group 0 sliding (window shorter than a block), group 1 full

@@ -12,7 +12,7 @@ import torch
 from graph_fakes import BS, WINDOWS, FakeSplitModel, Pair, check_self_layout, make_kv
 from step_plans import Req, schedule
 
-from yoco_rs.executor.attention import get_backend
+from yoco_rs.attention import get_backend
 from yoco_rs.executor.cuda_graphs import CudaGraphRunner, GraphConfig, capture_sizes, pick_bucket
 
 def _config(fast_prefill=True, **over):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from paged_cases import DEV, make_case  # sets TRITON_INTERPRET before the kernels are imported
 
-from yoco_rs.executor.attention import get_backend
+from yoco_rs.attention import get_backend
 from yoco_rs.kernels.backend import TritonAttentionBackend, select_backend
 
 TOL = dict(atol=2e-5, rtol=2e-5)

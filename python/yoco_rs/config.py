@@ -13,16 +13,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from yoco_rs.checks import field_error, is_int
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _POLICIES = ("fcfs", "priority")
-
-
-def _err(name: str, allowed: str, got) -> ValueError:
-    return ValueError(f"{name} must be {allowed}, got {got!r}")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass
@@ -105,52 +99,52 @@ class EngineConfig:
                     v = os.fspath(v)
                     setattr(self, name, v)
                 if not isinstance(v, str) or not v:
-                    raise _err(name, "a directory path or None", v)
+                    raise field_error(name, "a directory path or None", v)
         if self.dtype not in _DTYPES:
-            raise _err("dtype", "one of " + ", ".join(_DTYPES), self.dtype)
+            raise field_error("dtype", "one of " + ", ".join(_DTYPES), self.dtype)
         if not isinstance(self.device, str) or not (
             self.device in ("auto", "cpu", "cuda") or (self.device.startswith("cuda:") and self.device[5:].isdigit())
         ):
-            raise _err("device", "auto, cpu, cuda or cuda:N", self.device)
-        if not _is_int(self.seed):
-            raise _err("seed", "an integer", self.seed)
+            raise field_error("device", "auto, cpu, cuda or cuda:N", self.device)
+        if not is_int(self.seed):
+            raise field_error("seed", "an integer", self.seed)
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
-            if v is not None and (not _is_int(v) or v < 1):
-                raise _err(name, "an integer >= 1 or None (auto)", v)
+            if v is not None and (not is_int(v) or v < 1):
+                raise field_error(name, "an integer >= 1 or None (auto)", v)
         if self.block_size is not None:
             b = self.block_size
-            if not _is_int(b) or b < 1 or b & (b - 1):
-                raise _err("block_size", "a power of two >= 1 (e.g. 16) or None (auto)", b)
+            if not is_int(b) or b < 1 or b & (b - 1):
+                raise field_error("block_size", "a power of two >= 1 (e.g. 16) or None (auto)", b)
         if self.sub_block_size is not None:
             s = self.sub_block_size
-            if not _is_int(s) or s < 1:
-                raise _err("sub_block_size", "an integer >= 1 dividing block_size, or None", s)
+            if not is_int(s) or s < 1:
+                raise field_error("sub_block_size", "an integer >= 1 dividing block_size, or None", s)
             if self.block_size is not None and self.block_size % s:
                 divisors = [d for d in range(1, self.block_size + 1) if self.block_size % d == 0]
-                raise _err("sub_block_size", f"a divisor of block_size={self.block_size} ({divisors})", s)
+                raise field_error("sub_block_size", f"a divisor of block_size={self.block_size} ({divisors})", s)
         for name in ("enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager", "enable_kv_events",
                      "per_layer_embeddings_on_device", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
-                raise _err(name, "a bool", getattr(self, name))
+                raise field_error(name, "a bool", getattr(self, name))
         m = self.kv_cache_memory
         if m is not None:
             if isinstance(m, bool) or not isinstance(m, (int, float)):
-                raise _err("kv_cache_memory", "bytes (int) or a fraction in (0, 1] (float), or None", m)
+                raise field_error("kv_cache_memory", "bytes (int) or a fraction in (0, 1] (float), or None", m)
             if isinstance(m, float) and not 0.0 < m <= 1.0:
-                raise _err("kv_cache_memory", "a fraction in (0, 1] when a float (use an int for bytes)", m)
+                raise field_error("kv_cache_memory", "a fraction in (0, 1] when a float (use an int for bytes)", m)
             if isinstance(m, int) and m < 1:
-                raise _err("kv_cache_memory", "a positive number of bytes when an int", m)
+                raise field_error("kv_cache_memory", "a positive number of bytes when an int", m)
         if self.num_gpu_blocks_override is not None and (
-            not _is_int(self.num_gpu_blocks_override) or self.num_gpu_blocks_override < 1
+            not is_int(self.num_gpu_blocks_override) or self.num_gpu_blocks_override < 1
         ):
-            raise _err("num_gpu_blocks_override", "an integer >= 1 or None", self.num_gpu_blocks_override)
+            raise field_error("num_gpu_blocks_override", "an integer >= 1 or None", self.num_gpu_blocks_override)
         if not isinstance(self.generation_config, str) or not self.generation_config:
-            raise _err("generation_config", "'auto', 'vllm' or a directory path", self.generation_config)
+            raise field_error("generation_config", "'auto', 'vllm' or a directory path", self.generation_config)
         if self.scheduling_policy not in _POLICIES:
-            raise _err("scheduling_policy", "fcfs or priority", self.scheduling_policy)
-        if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
-            raise _err("max_logprobs", "an integer >= 0", self.max_logprobs)
+            raise field_error("scheduling_policy", "fcfs or priority", self.scheduling_policy)
+        if not is_int(self.max_logprobs) or self.max_logprobs < 0:
+            raise field_error("max_logprobs", "an integer >= 0", self.max_logprobs)
         from yoco_rs.kv_events import KVEventsConfig
 
         self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)

@@ -21,7 +21,7 @@ import torch
 
 from yoco_rs import _core
 from yoco_rs.config import EngineConfig
-from yoco_rs.executor.batch import ForwardBatch
+from yoco_rs.executor.batch import ForwardBatch, plan_batch
 from yoco_rs.executor.sampler import RowParams, logprobs_topk
 from yoco_rs.grammar_state import GrammarState
 from yoco_rs.inputs import PromptType, is_single_prompt, process_prompt
@@ -239,7 +239,7 @@ class Engine:
         prompt_np = np.asarray(proc.token_ids, dtype=np.int32)
         req = RequestState(request_id, proc.prompt, prompt_np, params, arrival, priority)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt_np)
-        base_seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, next(self._ids))
+        base_seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._ids))
         stop_ids = list(params.stop_token_ids or ())
         mask_ids = stop_ids + ([] if params.ignore_eos else self._eos)
         first: Optional[int] = None
@@ -433,22 +433,7 @@ class Engine:
     def _forward_batch(self, plan) -> ForwardBatch:
         rows = plan.req_rows
         ncols = min(self._tables[0].shape[1], -(-int(plan.max_seq_len) // self.config.block_size) + 1)
-        tables = [torch.from_numpy(np.ascontiguousarray(t[rows, :ncols])) for t in self._tables]
-        return ForwardBatch(
-            num_tokens=int(plan.num_tokens),
-            input_ids=torch.from_numpy(plan.input_ids),
-            positions=torch.from_numpy(plan.positions),
-            query_start_loc=torch.from_numpy(plan.query_start_loc),
-            seq_lens=torch.from_numpy(plan.seq_lens),
-            block_tables=tables,
-            slot_mapping=torch.from_numpy(plan.slot_mapping),
-            kv_copies=torch.from_numpy(plan.kv_copies),
-            num_cross=int(plan.num_cross),
-            cross_indices=torch.from_numpy(plan.cross_indices),
-            cross_query_start_loc=torch.from_numpy(plan.cross_query_start_loc),
-            max_query_len=int(plan.max_query_len),
-            max_seq_len=int(plan.max_seq_len),
-        )
+        return plan_batch(plan, [torch.from_numpy(np.ascontiguousarray(t[rows, :ncols])) for t in self._tables])
 
     def _prompt_logprobs(self, plan, logits: torch.Tensor) -> None:
         """Logprobs of the prompt positions this step computed, for requests that asked (the core
@@ -672,7 +657,7 @@ class Engine:
         self.close()
 
 
-def _derive_seed(engine_seed: int, counter: int) -> int:
+def derive_seed(engine_seed: int, counter: int) -> int:
     """A per-request seed from the engine seed and the request's submission counter (splitmix64)."""
     z = (engine_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)

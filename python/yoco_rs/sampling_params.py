@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+from yoco_rs.checks import field_error, is_int, is_num
 from yoco_rs.structured_outputs import StructuredOutputsParams
 
 #: Temperatures below this sample greedily (top_p, top_k and min_p are then ignored), as in vLLM.
@@ -28,18 +29,6 @@ class RequestOutputKind(enum.IntEnum):
     Cheapest for streaming: nothing is re-sent."""
     FINAL_ONLY = 2
     """Only the final output is produced (``Engine.generate`` uses this)."""
-
-
-def _err(name: str, allowed: str, got) -> ValueError:
-    return ValueError(f"{name} must be {allowed}, got {got!r}")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass
@@ -125,51 +114,51 @@ class SamplingParams:
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)
             except (ValueError, TypeError):
-                raise _err("output_kind", "one of CUMULATIVE (0), DELTA (1), FINAL_ONLY (2)", self.output_kind) from None
+                raise field_error("output_kind", "one of CUMULATIVE (0), DELTA (1), FINAL_ONLY (2)", self.output_kind) from None
         self._validate()
 
     # ---- validation -----------------------------------------------------------------------------
     def _validate(self) -> None:
-        if not _is_int(self.n) or self.n < 1:
-            raise _err("n", "an integer >= 1", self.n)
-        if not _is_num(self.temperature) or not self.temperature >= 0:
-            raise _err("temperature", "a number >= 0 (0 means greedy)", self.temperature)
-        if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
-            raise _err("top_p", "in (0, 1]", self.top_p)
-        if not _is_int(self.top_k) or not (self.top_k in (0, -1) or self.top_k >= 1):
-            raise _err("top_k", "0 or -1 (disabled) or an integer >= 1", self.top_k)
-        if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
-            raise _err("min_p", "in [0, 1]", self.min_p)
-        if self.seed is not None and not _is_int(self.seed):
-            raise _err("seed", "an integer or None", self.seed)
+        if not is_int(self.n) or self.n < 1:
+            raise field_error("n", "an integer >= 1", self.n)
+        if not is_num(self.temperature) or not self.temperature >= 0:
+            raise field_error("temperature", "a number >= 0 (0 means greedy)", self.temperature)
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            raise field_error("top_p", "in (0, 1]", self.top_p)
+        if not is_int(self.top_k) or not (self.top_k in (0, -1) or self.top_k >= 1):
+            raise field_error("top_k", "0 or -1 (disabled) or an integer >= 1", self.top_k)
+        if not is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            raise field_error("min_p", "in [0, 1]", self.min_p)
+        if self.seed is not None and not is_int(self.seed):
+            raise field_error("seed", "an integer or None", self.seed)
         if self.stop is not None:
             for s in self.stop:
                 if not isinstance(s, str) or not s:
-                    raise _err("stop", "a non-empty string or a list of non-empty strings", s)
+                    raise field_error("stop", "a non-empty string or a list of non-empty strings", s)
         if self.stop_token_ids is not None:
             for t in self.stop_token_ids:
-                if not _is_int(t) or t < 0:
-                    raise _err("stop_token_ids", "a list of token ids >= 0", t)
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise _err("max_tokens", "an integer >= 1 (or None for up to the context length)", self.max_tokens)
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise _err("min_tokens", "an integer >= 0", self.min_tokens)
+                if not is_int(t) or t < 0:
+                    raise field_error("stop_token_ids", "a list of token ids >= 0", t)
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
+            raise field_error("max_tokens", "an integer >= 1 (or None for up to the context length)", self.max_tokens)
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
+            raise field_error("min_tokens", "an integer >= 0", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise _err("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise _err("logprobs", "an integer >= 0 or None", self.logprobs)
-        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
-            raise _err("prompt_logprobs", "an integer >= 0 or None", self.prompt_logprobs)
+            raise field_error("min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+        if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
+            raise field_error("logprobs", "an integer >= 0 or None", self.logprobs)
+        if self.prompt_logprobs is not None and (not is_int(self.prompt_logprobs) or self.prompt_logprobs < 0):
+            raise field_error("prompt_logprobs", "an integer >= 0 or None", self.prompt_logprobs)
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not _is_num(v) or not -2.0 <= v <= 2.0:
-                raise _err(name, "in [-2, 2]", v)
-        if not _is_num(self.repetition_penalty) or not self.repetition_penalty > 0:
-            raise _err("repetition_penalty", "> 0 (1 disables)", self.repetition_penalty)
+            if not is_num(v) or not -2.0 <= v <= 2.0:
+                raise field_error(name, "in [-2, 2]", v)
+        if not is_num(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise field_error("repetition_penalty", "> 0 (1 disables)", self.repetition_penalty)
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output", "detokenize"):
             if not isinstance(getattr(self, name), bool):
-                raise _err(name, "a bool", getattr(self, name))
+                raise field_error(name, "a bool", getattr(self, name))
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (got stop=%r with detokenize=False)" % (self.stop,))
 
@@ -178,10 +167,10 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and v > max_logprobs:
-                raise _err(name, f"<= max_logprobs ({max_logprobs})", v)
+                raise field_error(name, f"<= max_logprobs ({max_logprobs})", v)
         for t in self.stop_token_ids or ():
             if t >= vocab_size:
-                raise _err("stop_token_ids", f"token ids in [0, {vocab_size})", t)
+                raise field_error("stop_token_ids", f"token ids in [0, {vocab_size})", t)
 
     # ---- conveniences ---------------------------------------------------------------------------
     @property

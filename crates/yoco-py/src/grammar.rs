@@ -47,14 +47,25 @@ impl PyGrammarCompiler {
         max_in_flight: usize,
         cache_size: usize,
     ) -> PyResult<Self> {
-        let limits = CompileLimits { time_budget_ms, max_grammar_size, initial_lexer_fuel, max_in_flight, cache_size };
+        let limits = CompileLimits {
+            time_budget_ms,
+            max_grammar_size,
+            initial_lexer_fuel,
+            max_in_flight,
+            cache_size,
+        };
         let inner = py
             .detach(|| {
-                let bytes = std::fs::read(&tokenizer_json).map_err(|e| GrammarError::Tokenizer(format!("{tokenizer_json}: {e}")))?;
-                yoco_grammar::GrammarCompiler::from_tokenizer_json(&bytes, vocab_size, &eos_ids, limits)
+                let bytes = std::fs::read(&tokenizer_json)
+                    .map_err(|e| GrammarError::Tokenizer(format!("{tokenizer_json}: {e}")))?;
+                yoco_grammar::GrammarCompiler::from_tokenizer_json(
+                    &bytes, vocab_size, &eos_ids, limits,
+                )
             })
             .map_err(to_py)?;
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Compile (or fetch from the cache) a constraint: `kind` is `json`, `json_object`, `regex`,
@@ -66,7 +77,9 @@ impl PyGrammarCompiler {
             PyValueError::new_err(format!("unknown structured output kind {kind:?} (json, json_object, regex, choice, grammar)"))
         })?;
         let inner = &self.inner;
-        let g = py.detach(|| GrammarSpec::parse(k, text).and_then(|s| inner.compile(&s))).map_err(to_py)?;
+        let g = py
+            .detach(|| GrammarSpec::parse(k, text).and_then(|s| inner.compile(&s)))
+            .map_err(to_py)?;
         Ok(PyCompiledGrammar { inner: g })
     }
 
@@ -102,11 +115,16 @@ pub struct PyMatcherTable {
     job: Option<MaskJob>,
 }
 
-type Masks<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray2<i32>>, Vec<u64>);
+type Masks<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray2<i32>>,
+    Vec<u64>,
+);
 
 fn masks_to_py(py: Python<'_>, m: StepMasks) -> PyResult<Masks<'_>> {
     let n = m.rows.len();
-    let a = Array2::from_shape_vec((n, m.words), m.bitmask).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let a = Array2::from_shape_vec((n, m.words), m.bitmask)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     Ok((m.rows.into_pyarray(py), a.into_pyarray(py), m.failed))
 }
 
@@ -114,7 +132,10 @@ fn masks_to_py(py: Python<'_>, m: StepMasks) -> PyResult<Masks<'_>> {
 impl PyMatcherTable {
     #[new]
     fn new(vocab_size: usize, eos_ids: Vec<u32>) -> Self {
-        Self { inner: yoco_grammar::MatcherTable::new(vocab_size, &eos_ids), job: None }
+        Self {
+            inner: yoco_grammar::MatcherTable::new(vocab_size, &eos_ids),
+            job: None,
+        }
     }
 
     /// Start `seq_id`'s matcher at the beginning of `grammar`.
@@ -170,7 +191,11 @@ impl PyMatcherTable {
             None => vec![],
         };
         if ids.len() != toks.len() {
-            return Err(PyValueError::new_err(format!("adv_ids and adv_tokens differ in length: {} vs {}", ids.len(), toks.len())));
+            return Err(PyValueError::new_err(format!(
+                "adv_ids and adv_tokens differ in length: {} vs {}",
+                ids.len(),
+                toks.len()
+            )));
         }
         self.job = Some(self.inner.start_masks(seq_ids.as_slice()?, &ids, &toks));
         Ok(())
@@ -180,13 +205,20 @@ impl PyMatcherTable {
     /// (GIL released while waiting): `rows` are positions into that call's `seq_ids`; `failed` the
     /// sequences whose grammar failed while the job advanced them.
     fn wait_masks<'py>(&mut self, py: Python<'py>) -> PyResult<Masks<'py>> {
-        let job = self.job.take().ok_or_else(|| PyRuntimeError::new_err("wait_masks without start_masks"))?;
+        let job = self
+            .job
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("wait_masks without start_masks"))?;
         let m = py.detach(|| job.wait());
         masks_to_py(py, m)
     }
 
     /// `start_masks` + `wait_masks`.
-    fn masks<'py>(&mut self, py: Python<'py>, seq_ids: PyReadonlyArray1<'py, u64>) -> PyResult<Masks<'py>> {
+    fn masks<'py>(
+        &mut self,
+        py: Python<'py>,
+        seq_ids: PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<Masks<'py>> {
         let ids = seq_ids.as_slice()?;
         let inner = &self.inner;
         let m = py.detach(|| inner.masks(ids));
@@ -195,10 +227,19 @@ impl PyMatcherTable {
 
     /// Advance the matchers of `seq_ids` by `tokens` (rows without a matcher skipped); returns the ids
     /// whose grammar rejected the token.
-    fn advance(&mut self, py: Python<'_>, seq_ids: PyReadonlyArray1<'_, u64>, tokens: PyReadonlyArray1<'_, i32>) -> PyResult<Vec<u64>> {
+    fn advance(
+        &mut self,
+        py: Python<'_>,
+        seq_ids: PyReadonlyArray1<'_, u64>,
+        tokens: PyReadonlyArray1<'_, i32>,
+    ) -> PyResult<Vec<u64>> {
         let (ids, toks) = (seq_ids.as_slice()?, tokens.as_slice()?);
         if ids.len() != toks.len() {
-            return Err(PyValueError::new_err(format!("seq_ids and tokens differ in length: {} vs {}", ids.len(), toks.len())));
+            return Err(PyValueError::new_err(format!(
+                "seq_ids and tokens differ in length: {} vs {}",
+                ids.len(),
+                toks.len()
+            )));
         }
         let toks: Vec<u32> = toks.iter().map(|&t| t.max(0) as u32).collect();
         let inner = &self.inner;

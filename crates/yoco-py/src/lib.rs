@@ -10,6 +10,7 @@ mod grammar; // yoco-grammar binding (structured outputs)
 mod mock;
 mod plan;
 mod scheduler;
+mod serve; // the Rust serving path over the Python executor
 mod text; // yoco-text binding (engine)
 
 use pyo3::prelude::*;
@@ -38,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ] {
         m.add(name, r as u8)?;
     }
+    m.add_function(wrap_pyfunction!(serve::serve_http, m)?)?;
     text::register(m)?; // engine: TextBatch
     grammar::register(m)?; // structured outputs: GrammarCompiler, CompiledGrammar, MatcherTable
     Ok(())

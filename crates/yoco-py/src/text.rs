@@ -20,14 +20,21 @@ pub struct PyTextBatch {
     inner: TextBatch,
 }
 
-type StepArrays<'py> = (Bound<'py, PyArray1<u32>>, Bound<'py, PyList>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>);
+type StepArrays<'py> = (
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyList>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+);
 
 #[pymethods]
 impl PyTextBatch {
     /// Loads `tokenizer.json`.
     #[new]
     fn new(py: Python<'_>, tokenizer_json: String) -> PyResult<Self> {
-        let inner = py.detach(|| TextBatch::from_file(&tokenizer_json)).map_err(to_py)?;
+        let inner = py
+            .detach(|| TextBatch::from_file(&tokenizer_json))
+            .map_err(to_py)?;
         Ok(Self { inner })
     }
 
@@ -44,7 +51,13 @@ impl PyTextBatch {
         stream: bool,
         detokenize: bool,
     ) -> PyResult<()> {
-        let opts = SeqOptions { skip_special_tokens, include_stop_str_in_output, stop, stream, detokenize };
+        let opts = SeqOptions {
+            skip_special_tokens,
+            include_stop_str_in_output,
+            stop,
+            stream,
+            detokenize,
+        };
         self.inner.add(req_id, &prompt, opts).map_err(to_py)
     }
 
@@ -67,9 +80,16 @@ impl PyTextBatch {
             )));
         }
         let inner = &mut self.inner;
-        let out: StepText = py.detach(|| inner.step(ids, toks, fin).map(|o| o.clone())).map_err(to_py)?;
+        let out: StepText = py
+            .detach(|| inner.step(ids, toks, fin).map(|o| o.clone()))
+            .map_err(to_py)?;
         let deltas = PyList::new(py, out.deltas)?;
-        Ok((out.delta_idx.into_pyarray(py), deltas, out.stop_idx.into_pyarray(py), out.stop_which.into_pyarray(py)))
+        Ok((
+            out.delta_idx.into_pyarray(py),
+            deltas,
+            out.stop_idx.into_pyarray(py),
+            out.stop_which.into_pyarray(py),
+        ))
     }
 
     /// The request's text so far (None if unknown).
@@ -79,14 +99,29 @@ impl PyTextBatch {
 
     /// The request's output token ids so far (int32; None if unknown).
     fn token_ids<'py>(&self, py: Python<'py>, req_id: u64) -> Option<Bound<'py, PyArray1<i32>>> {
-        self.inner.tokens(req_id).map(|t| t.iter().map(|&x| x as i32).collect::<Vec<i32>>().into_pyarray(py))
+        self.inner.tokens(req_id).map(|t| {
+            t.iter()
+                .map(|&x| x as i32)
+                .collect::<Vec<i32>>()
+                .into_pyarray(py)
+        })
     }
 
     /// Removes the request and returns `(final text, output token ids int32)` (None if unknown).
-    fn take<'py>(&mut self, py: Python<'py>, req_id: u64) -> Option<(String, Bound<'py, PyArray1<i32>>)> {
-        self.inner
-            .take(req_id)
-            .map(|(text, ids)| (text, ids.into_iter().map(|x| x as i32).collect::<Vec<i32>>().into_pyarray(py)))
+    fn take<'py>(
+        &mut self,
+        py: Python<'py>,
+        req_id: u64,
+    ) -> Option<(String, Bound<'py, PyArray1<i32>>)> {
+        self.inner.take(req_id).map(|(text, ids)| {
+            (
+                text,
+                ids.into_iter()
+                    .map(|x| x as i32)
+                    .collect::<Vec<i32>>()
+                    .into_pyarray(py),
+            )
+        })
     }
 
     /// Forgets the request; False if unknown.
@@ -105,7 +140,8 @@ impl PyTextBatch {
     #[pyo3(signature = (ids, skip_special_tokens=true))]
     fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
         let inner = &self.inner;
-        py.detach(|| inner.decode(&ids, skip_special_tokens)).map_err(to_py)
+        py.detach(|| inner.decode(&ids, skip_special_tokens))
+            .map_err(to_py)
     }
 
     /// Each id decoded alone, special tokens included (logprob entries).

@@ -279,6 +279,12 @@ impl TextBatch {
         Ok(&self.out)
     }
 
+    /// Moves the last [`TextBatch::step`]'s result out (its strings without copying); the next
+    /// step starts from empty buffers.
+    pub fn take_step(&mut self) -> StepText {
+        std::mem::take(&mut self.out)
+    }
+
     /// Decodes a whole id sequence.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
         decode(&self.tok, ids, skip_special)

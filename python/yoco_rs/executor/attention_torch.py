@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.executor.attention_decode import DecodeAttention, DecodeRows, build_decode_rows
 from yoco_rs.executor.attention_prefill import PrefillAttention, PrefillRows, build_prefill_rows
 from yoco_rs.executor.invariance import FMA_CHAIN_MAX, MIN_GEMM_ROWS, MIN_KEYS

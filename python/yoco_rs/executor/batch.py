@@ -49,3 +49,24 @@ class ForwardBatch:
     def num_rows(self) -> int:
         """R: requests in the step."""
         return int(self.seq_lens.shape[0])
+
+
+def plan_batch(plan, block_tables: list[torch.Tensor]) -> ForwardBatch:
+    """The ``ForwardBatch`` of a core ``StepPlan`` (zero-copy views of its arrays), given each KV group's
+    block-table rows for the plan's rows (``[R, cols]`` int32). The one place a plan becomes a batch:
+    the Python engine gathers the rows from the persistent tables, the Rust step loop sends them."""
+    return ForwardBatch(
+        num_tokens=int(plan.num_tokens),
+        input_ids=torch.from_numpy(plan.input_ids),
+        positions=torch.from_numpy(plan.positions),
+        query_start_loc=torch.from_numpy(plan.query_start_loc),
+        seq_lens=torch.from_numpy(plan.seq_lens),
+        block_tables=block_tables,
+        slot_mapping=torch.from_numpy(plan.slot_mapping),
+        kv_copies=torch.from_numpy(plan.kv_copies),
+        num_cross=int(plan.num_cross),
+        cross_indices=torch.from_numpy(plan.cross_indices),
+        cross_query_start_loc=torch.from_numpy(plan.cross_query_start_loc),
+        max_query_len=int(plan.max_query_len),
+        max_seq_len=int(plan.max_seq_len),
+    )

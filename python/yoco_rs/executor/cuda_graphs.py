@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.executor.batch import ForwardBatch
 
 log = logging.getLogger(__name__)

@@ -56,7 +56,7 @@ from typing import Any, Sequence
 
 import torch
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata, get_backend
+from yoco_rs.attention import AttentionBackend, AttentionMetadata, get_backend
 from yoco_rs.executor.batch import ForwardBatch
 from yoco_rs.executor.kv_cache import (
     KVGroupSpec, KVPoolPlan, allocate_kv, apply_kv_copies, kv_group_specs, kv_memory_budget, plan_kv_pools,

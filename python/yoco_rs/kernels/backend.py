@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.attention import AttentionBackend, AttentionMetadata
 
 
 @dataclass
@@ -120,7 +120,7 @@ def select_backend(device: torch.device | str, name: str | None = None) -> Atten
             )
         return TritonAttentionBackend()
     if name == "torch":
-        from yoco_rs.executor.attention import get_backend
+        from yoco_rs.attention import get_backend
 
         return get_backend("torch")
     raise ValueError(f"unknown attention backend {name!r}; choose 'auto', 'torch' or 'triton'")

@@ -71,6 +71,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     model = model_dir(args)
     _say(f"yoco-serve {yoco_rs.__version__}: loading {model or 'the bundled model yoco-tiny'}")
+    if args.data_parallel_size > 1 and args.frontend != "rust":
+        _say("yoco-serve: error: --data-parallel-size needs --frontend rust")
+        return 2
+    if args.frontend == "rust":
+        from yoco_rs.serve.rust_frontend import serve as serve_rust
+
+        try:
+            return serve_rust(args, settings, model, engine_settings(args))
+        except (ValueError, TypeError, OSError) as e:
+            _say(f"yoco-serve: error: {e}")
+            return 2
     try:
         engine = AsyncEngine(model, progress=not args.disable_progress,
                              max_consecutive_step_failures=args.max_consecutive_step_failures,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from yoco_rs.checks import is_int
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
 from yoco_rs.serve.body import describe_kind as _kind
 from yoco_rs.serve.structured import structured_outputs_of
@@ -46,9 +47,6 @@ class Prompt:
 
 # ---- prompts ----------------------------------------------------------------------------------------
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
 
 def request_limits(req: SamplingFields, limits: Limits, *, chat: bool) -> None:
     """The server's caps that do not need the prompt: ``n``, prompts per request, ``priority`` (only
@@ -58,7 +56,7 @@ def request_limits(req: SamplingFields, limits: Limits, *, chat: bool) -> None:
         raise bad_request(f"n must be <= {limits.max_n} (the server's --max-n), got {req.n}", "n")
     if not chat:
         p = req.prompt
-        if isinstance(p, list) and len(p) > limits.max_prompts and not all(_is_int(t) for t in p):
+        if isinstance(p, list) and len(p) > limits.max_prompts and not all(is_int(t) for t in p):
             raise bad_request(f"prompt holds {len(p)} prompts; at most {limits.max_prompts} per request (the "
                               "server's --max-prompts-per-request)", "prompt")
     if req.priority != 0 and not limits.priority_scheduling:
@@ -100,7 +98,7 @@ def completion_prompts(req: CompletionRequest, tokenizer, limits: Limits) -> lis
     p = req.prompt
     if isinstance(p, str):
         items = [p]
-    elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+    elif isinstance(p, list) and p and all(is_int(t) for t in p):
         items = [p]
     elif isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
         items = p
@@ -124,7 +122,7 @@ def completion_prompts(req: CompletionRequest, tokenizer, limits: Limits) -> lis
             if not item:
                 raise bad_request(f"{where} is an empty list of token ids: give at least one token id", "prompt")
             for t in item:
-                if not _is_int(t):
+                if not is_int(t):
                     raise bad_request(f"{where} must hold integer token ids, got {_kind(t)}", "prompt")
             bad = [t for t in item if t < 0 or t >= limits.vocab_size]
             if bad:

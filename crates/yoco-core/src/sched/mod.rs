@@ -4,12 +4,13 @@
 //! CONTRACT: `plan.rs` (the step plan and outcome) and the `Scheduler` API in `scheduler.rs` are what
 //! `yoco-py`, `yoco-ref` and the Python engine consume. Add to them; do not change meanings.
 //!
-//! Files: `request.rs` (what the engine submits), `state.rs` (a live request, stop checks),
+//! Files: `config.rs` (limits, layout, policy), `request.rs` (what the engine submits), `state.rs` (a live request, stop checks),
 //! `queue.rs` (waiting order), `table.rs` (persistent block tables), `step.rs` (phases A and B of a
 //! step), `build.rs` (phase C: the plan), `update.rs` (sampled tokens in, outcome out),
 //! `validate.rs`, `invariants.rs`.
 
 mod build;
+pub mod config;
 mod invariants;
 pub mod plan;
 mod queue;

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::scheduler::Policy;
+use super::config::Policy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {

@@ -3,7 +3,8 @@
 //! nothing was preempted, with skip-and-continue and an aging bound; phase C (`build.rs`) writes the
 //! plan and advances `num_computed`.
 
-use super::scheduler::{Policy, Scheduled, Scheduler};
+use super::config::Policy;
+use super::scheduler::{Scheduled, Scheduler};
 use super::state::{Status, NO_ROW};
 use crate::kv::{KvManager, NoSpace, SeqKv};
 

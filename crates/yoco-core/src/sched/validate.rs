@@ -1,7 +1,7 @@
 //! Configuration and request validation: every error names the field, the value, and what would work.
 
 use super::request::NewRequest;
-use super::scheduler::SchedulerConfig;
+use super::config::SchedulerConfig;
 use crate::error::{Error, Result};
 use crate::kv::{AttnKind, KvGroup};
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs
 from yoco_rs.models.gemma3n.fused import FusedParams
 from yoco_rs.models.gemma3n.ops import (

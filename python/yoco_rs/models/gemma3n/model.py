@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from yoco_rs.executor.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, kv_groups, kv_slices
 from yoco_rs.models.gemma3n.layer import AttnContext, DecoderLayer, Linear, RMSNorm, _empty
 from yoco_rs.models.gemma3n.ops import magnitude_match, rms, rope_cos_sin, rope_inv_freq

@@ -1,4 +1,6 @@
 """The attention backend interface: how the model writes K/V into the paged cache and attends over it.
+Neutral ground between ``models/`` (which calls it) and ``executor/`` and ``kernels/`` (which implement
+it), so neither package imports the other's internals in a cycle.
 
 A backend is used in three steps per forward half (self-decoder, cross-decoder):
 

@@ -1,0 +1,265 @@
+//! `serve_http`: the Rust serving path (`yoco-server`) driving the Python executor.
+//!
+//! [`PyStepExecutor`] implements `yoco_server::Executor` by calling a Python object with the GIL
+//! held only for that call: `add_request` / `remove_request` once per request, `launch` and
+//! `collect` once per step. Everything else (HTTP, validation, tokenization, scheduling, text, SSE)
+//! runs in Rust with the GIL released. Per step, the plan crosses as the same zero-copy
+//! `StepPlan` object the Python engine uses, and the block-table rows of the plan as one
+//! `[R, cols]` int32 array per KV group.
+
+use std::net::SocketAddr;
+
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use yoco_server::{AppConfig, ExecError, Executor, GenParams, LoopConfig, StepInputs};
+use yoco_text::Tokenizer;
+
+use crate::plan::StepPlan;
+use crate::scheduler::Scheduler;
+
+/// The Python executor behind the Rust step loop.
+struct PyStepExecutor {
+    obj: Py<PyAny>,
+    num_groups: usize,
+    block_size: usize,
+    sampled: Vec<i32>,
+}
+
+fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
+    let tb = e
+        .traceback(py)
+        .and_then(|t| t.format().ok())
+        .unwrap_or_default();
+    ExecError(format!(
+        "{}: {}{}",
+        e.get_type(py)
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default(),
+        e.value(py),
+        if tb.is_empty() {
+            String::new()
+        } else {
+            format!("\n{tb}")
+        }
+    ))
+}
+
+impl Executor for PyStepExecutor {
+    fn add_request(&mut self, id: u64, p: &GenParams) {
+        Python::attach(|py| {
+            let kw = PyDict::new(py);
+            let s = &p.sampling;
+            let _ = kw.set_item("temperature", s.temperature);
+            let _ = kw.set_item("top_p", s.top_p);
+            let _ = kw.set_item("top_k", s.top_k);
+            let _ = kw.set_item("min_p", s.min_p);
+            let _ = kw.set_item("seed", s.seed);
+            let _ = kw.set_item("min_tokens", p.min_tokens);
+            let _ = kw.set_item("ignore_eos", p.ignore_eos);
+            let _ = kw.set_item("stop_token_ids", p.stop_token_ids.clone());
+            let prompt = p
+                .prompt
+                .iter()
+                .map(|&t| t as i32)
+                .collect::<Vec<_>>()
+                .into_pyarray(py);
+            if let Err(e) = self
+                .obj
+                .call_method(py, "add_request", (id, prompt), Some(&kw))
+            {
+                // Its first step will fail in `launch` (the executor has no parameters for it) and be
+                // contained there; say why now.
+                eprintln!(
+                    "yoco-serve: executor.add_request({id}) failed: {}",
+                    exec_err(py, e)
+                );
+            }
+        })
+    }
+
+    fn remove_request(&mut self, id: u64) {
+        Python::attach(|py| {
+            let _ = self.obj.call_method1(py, "remove_request", (id,));
+        })
+    }
+
+    fn launch(&mut self, step: &StepInputs<'_>) -> Result<(), ExecError> {
+        let plan = step.plan;
+        // Block-table rows of the plan, trimmed to the columns its longest sequence can use.
+        let rows = plan.req_rows.len();
+        let cols = step
+            .max_blocks_per_seq
+            .min((plan.max_seq_len as usize).div_ceil(self.block_size) + 1);
+        let tables: Vec<Array2<i32>> = (0..self.num_groups)
+            .map(|g| {
+                let t = step.tables[g];
+                let mut a = Array2::<i32>::zeros((rows, cols));
+                for (r, &row) in plan.req_rows.iter().enumerate() {
+                    let base = row as usize * step.max_blocks_per_seq;
+                    a.row_mut(r)
+                        .as_slice_mut()
+                        .expect("row-major")
+                        .copy_from_slice(&t[base..base + cols]);
+                }
+                a
+            })
+            .collect();
+        Python::attach(|py| {
+            let plan_obj = Py::new(py, StepPlan::new(plan.clone(), self.num_groups, None))
+                .map_err(|e| exec_err(py, e))?;
+            let tabs = PyList::empty(py);
+            for a in tables {
+                tabs.append(a.into_pyarray(py))
+                    .map_err(|e| exec_err(py, e))?;
+            }
+            let resumed = PyDict::new(py);
+            for (id, toks) in step.resumed {
+                let v: Vec<i64> = toks.iter().map(|&t| t as i64).collect();
+                resumed
+                    .set_item(id, v.into_pyarray(py))
+                    .map_err(|e| exec_err(py, e))?;
+            }
+            self.obj
+                .call_method1(py, "launch", (plan_obj, tabs, resumed))
+                .map_err(|e| exec_err(py, e))?;
+            Ok(())
+        })
+    }
+
+    fn collect(&mut self) -> Result<&[i32], ExecError> {
+        let out = Python::attach(|py| -> Result<Vec<i32>, ExecError> {
+            let r = self
+                .obj
+                .call_method0(py, "collect")
+                .map_err(|e| exec_err(py, e))?;
+            let arr = r.bind(py).cast::<PyArray1<i32>>().map_err(|_| {
+                ExecError("executor.collect() must return a 1-D int32 numpy array".into())
+            })?;
+            let v = arr
+                .readonly()
+                .as_slice()
+                .map(<[i32]>::to_vec)
+                .map_err(|e| ExecError(e.to_string()));
+            v
+        })?;
+        self.sampled = out;
+        Ok(&self.sampled)
+    }
+}
+
+/// Serves the OpenAI API from Rust until SIGINT or SIGTERM; blocks with the GIL released. `loops`
+/// holds one `(scheduler, executor)` pair per step loop (`--data-parallel-size`): each loop copies
+/// its scheduler's configuration (the Python scheduler is not used while serving) and drives its
+/// executor. `on_ready(url)` is called once the port is bound.
+#[pyfunction]
+#[pyo3(signature = (
+    loops, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
+    vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
+    max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
+    on_ready = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn serve_http(
+    py: Python<'_>,
+    loops: Vec<(Py<Scheduler>, Py<PyAny>)>,
+    tokenizer_file: String,
+    eos_token_ids: Vec<u32>,
+    bos_token_id: Option<u32>,
+    host: String,
+    port: u16,
+    served_model_names: Vec<String>,
+    max_model_len: u32,
+    vocab_size: u32,
+    api_keys: Vec<String>,
+    max_n: u32,
+    max_prompts_per_request: u32,
+    max_request_body_bytes: usize,
+    metrics_prefix: String,
+    max_consecutive_failures: u32,
+    on_ready: Option<Py<PyAny>>,
+) -> PyResult<()> {
+    if served_model_names.is_empty() {
+        return Err(PyValueError::new_err("served_model_names is empty"));
+    }
+    if loops.is_empty() {
+        return Err(PyValueError::new_err(
+            "loops is empty: give at least one (scheduler, executor)",
+        ));
+    }
+    let tok = Tokenizer::from_file(&tokenizer_file)
+        .map_err(|e| PyValueError::new_err(format!("{tokenizer_file}: {e}")))?;
+    let mut handles = Vec::with_capacity(loops.len());
+    for (scheduler, executor) in loops {
+        let (config, num_groups) = {
+            let s = scheduler.borrow(py);
+            (s.inner.config().clone(), s.inner.num_groups())
+        };
+        let block_size = config.kv.block_size as usize;
+        let exec = PyStepExecutor {
+            obj: executor,
+            num_groups,
+            block_size,
+            sampled: Vec::new(),
+        };
+        let engine = yoco_server::EngineHandle::start(
+            LoopConfig {
+                scheduler: config,
+                tokenizer: tok.clone(),
+                eos_token_ids: eos_token_ids.clone(),
+                max_consecutive_failures,
+            },
+            Box::new(exec),
+        )
+        .map_err(PyValueError::new_err)?;
+        handles.push(engine);
+    }
+    let stop_all = handles.clone();
+    let engines = yoco_server::Engines::new(handles);
+    let mut cfg = AppConfig::new(&served_model_names[0], max_model_len, vocab_size);
+    cfg.served_model_names = served_model_names;
+    cfg.api_keys = api_keys;
+    cfg.max_n = max_n;
+    cfg.max_prompts_per_request = max_prompts_per_request;
+    cfg.max_request_body_bytes = max_request_body_bytes;
+    cfg.metrics_prefix = metrics_prefix;
+    cfg.bos_token_id = bos_token_id;
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .or_else(|_| format!("[{host}]:{port}").parse())
+        .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
+    let result = py.detach(move || -> Result<(), String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("yoco-http")
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot bind {addr}: {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            if let Some(cb) = on_ready {
+                Python::attach(|py| cb.call1(py, (format!("http://{bound}"),)).map(|_| ()))
+                    .map_err(|e| e.to_string())?;
+            }
+            let app = yoco_server::router(cfg, engines, tok);
+            yoco_server::serve_router(listener, app, async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())
+        })
+    });
+    py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));
+    result.map_err(PyOSError::new_err)
+}

@@ -1,0 +1,224 @@
+//! The answers of `/v1/completions`: one JSON body, or an SSE stream merging the requests' channels
+//! (`data: {chunk}` per event, an error event if a step failed, the usage chunk, `data: [DONE]`).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::openai::{usage, ApiError};
+use crate::output::{Event, Finished, StopReason};
+
+pub(crate) struct Ctx {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub n: usize,
+    pub prompt_lens: Vec<u64>,
+    pub echo: Vec<Option<String>>,
+}
+
+impl Ctx {
+    fn stop_reason(f: &Finished) -> Value {
+        match &f.stop_reason {
+            Some(StopReason::Text(t)) => json!(t),
+            Some(StopReason::Token(t)) => json!(t),
+            None => Value::Null,
+        }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({"id": self.id, "object": "text_completion", "created": self.created,
+                           "model": self.model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"data: ");
+        serde_json::to_writer(&mut out, &v).expect("JSON of plain values");
+        out.extend_from_slice(b"\n\n");
+        Bytes::from(out)
+    }
+}
+
+fn receiver_stream(idx: usize, rx: UnboundedReceiver<Event>) -> BoxStream<'static, (usize, Event)> {
+    stream::unfold(rx, move |mut rx| async move {
+        rx.recv().await.map(|e| ((idx, e), rx))
+    })
+    .boxed()
+}
+
+struct StreamState {
+    ctx: Ctx,
+    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
+    pending: VecDeque<Bytes>,
+    started: Vec<bool>,
+    generated: Vec<u64>,
+    cached: Vec<u64>,
+    include_usage: bool,
+    continuous: bool,
+    done: bool,
+}
+
+impl StreamState {
+    fn usage_of(&self, prompt: usize) -> Value {
+        let g: u64 = (0..self.ctx.n)
+            .map(|j| self.generated[prompt * self.ctx.n + j])
+            .sum();
+        usage(self.ctx.prompt_lens[prompt], g, self.cached[prompt])
+    }
+
+    fn on_event(&mut self, idx: usize, ev: Event) {
+        let prompt = idx / self.ctx.n;
+        let first = !self.started[idx];
+        self.started[idx] = true;
+        let (mut text, finish, stop_reason) = match ev {
+            Event::Delta { token_id, text } => {
+                self.generated[idx] += token_id.is_some() as u64;
+                (text, Value::Null, Value::Null)
+            }
+            Event::Finished(f) => {
+                self.generated[idx] = f.completion_tokens as u64;
+                self.cached[prompt] = self.cached[prompt].max(f.cached_tokens as u64);
+                if let Some(err) = &f.error {
+                    let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, err.clone());
+                    let mut out = b"data: ".to_vec();
+                    serde_json::to_writer(&mut out, &e.body()).expect("JSON");
+                    out.extend_from_slice(b"\n\n");
+                    self.pending.push_back(Bytes::from(out));
+                    return;
+                }
+                (
+                    f.text.clone(),
+                    json!(f.reason.as_str()),
+                    Ctx::stop_reason(&f),
+                )
+            }
+        };
+        if first {
+            if let Some(p) = &self.ctx.echo[prompt] {
+                text = format!("{p}{text}");
+            }
+        }
+        let choice = json!([{"index": idx, "text": text, "logprobs": null,
+                             "finish_reason": finish, "stop_reason": stop_reason}]);
+        let u = self.continuous.then(|| self.usage_of(prompt));
+        self.pending.push_back(self.ctx.chunk(choice, u));
+    }
+
+    fn finish(&mut self) {
+        if self.include_usage {
+            let p: u64 = self.ctx.prompt_lens.iter().sum();
+            let g: u64 = self.generated.iter().sum();
+            let c: u64 = self.cached.iter().sum();
+            let b = self.ctx.chunk(json!([]), Some(usage(p, g, c)));
+            self.pending.push_back(b);
+        }
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.done = true;
+    }
+}
+
+pub(crate) fn stream_response(
+    ctx: Ctx,
+    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+    include_usage: bool,
+    continuous: bool,
+) -> Response {
+    let total = subs.len();
+    let prompts = ctx.prompt_lens.len();
+    let mut merged = SelectAll::new();
+    for (idx, rx) in subs {
+        merged.push(receiver_stream(idx, rx));
+    }
+    let st = StreamState {
+        ctx,
+        merged,
+        pending: VecDeque::new(),
+        started: vec![false; total],
+        generated: vec![0; total],
+        cached: vec![0; prompts],
+        include_usage,
+        continuous: include_usage && continuous,
+        done: false,
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.merged.next().await {
+                Some((idx, ev)) => st.on_event(idx, ev),
+                None => st.finish(),
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+pub(crate) async fn final_response(
+    ctx: Ctx,
+    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+) -> Result<Response, ApiError> {
+    let mut fins: Vec<(usize, Finished)> = Vec::with_capacity(subs.len());
+    for (idx, mut rx) in subs {
+        loop {
+            match rx.recv().await {
+                Some(Event::Finished(f)) => {
+                    fins.push((idx, f));
+                    break;
+                }
+                Some(Event::Delta { .. }) => continue,
+                None => {
+                    return Err(ApiError::status(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The engine stopped before the request finished.",
+                    ))
+                }
+            }
+        }
+    }
+    if let Some((_, f)) = fins.iter().find(|(_, f)| f.error.is_some()) {
+        return Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            f.error.clone().unwrap_or_default(),
+        ));
+    }
+    fins.sort_by_key(|(i, _)| *i);
+    let mut cached = vec![0u64; ctx.prompt_lens.len()];
+    let mut completion = 0u64;
+    let choices: Vec<Value> = fins
+        .iter()
+        .map(|(idx, f)| {
+            let p = idx / ctx.n;
+            cached[p] = cached[p].max(f.cached_tokens as u64);
+            completion += f.completion_tokens as u64;
+            let text = match &ctx.echo[p] {
+                Some(e) => format!("{e}{}", f.text),
+                None => f.text.clone(),
+            };
+            json!({"index": idx, "text": text, "logprobs": null, "finish_reason": f.reason.as_str(),
+                   "stop_reason": Ctx::stop_reason(f)})
+        })
+        .collect();
+    let prompt: u64 = ctx.prompt_lens.iter().sum();
+    let body = json!({"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
+                      "choices": choices, "usage": usage(prompt, completion, cached.iter().sum())});
+    Ok(axum::Json(body).into_response())
+}

@@ -1,0 +1,239 @@
+//! The HTTP front end: routes, authentication, body limits and the shared state of handlers.
+//!
+//! Every handler runs on tokio's workers, never on the step loop's thread; tokenizing a long prompt
+//! moves to the blocking pool so the accept path stays responsive.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use yoco_text::Tokenizer;
+
+use crate::completions;
+use crate::dispatch::Engines;
+use crate::metrics;
+use crate::openai::ApiError;
+
+/// What the front end serves and its limits (the `yoco-serve` flags of the same names).
+#[derive(Clone)]
+pub struct AppConfig {
+    /// Names the model answers to (`--served-model-name`); the first is the one reported.
+    pub served_model_names: Vec<String>,
+    /// Longest prompt + output.
+    pub max_model_len: u32,
+    /// Token ids below this are valid prompt tokens.
+    pub vocab_size: u32,
+    /// Bearer keys (`--api-key`); empty: no authentication.
+    pub api_keys: Vec<String>,
+    /// Largest `n`.
+    pub max_n: u32,
+    /// Most prompts in one `/v1/completions` request.
+    pub max_prompts_per_request: u32,
+    /// Largest request body, bytes.
+    pub max_request_body_bytes: usize,
+    /// Prefix of the vLLM-named metric series (`yoco` or `vllm`).
+    pub metrics_prefix: String,
+    /// Stop strings per request at most.
+    pub max_stop_strings: usize,
+    /// Prepended to text prompts that do not start with it (the checkpoint's `add_bos_token`; Gemma's
+    /// `tokenizer.json` does not add it itself). None: text is encoded as the tokenizer does.
+    pub bos_token_id: Option<u32>,
+}
+
+impl AppConfig {
+    /// Defaults as `yoco-serve`'s flags have them.
+    pub fn new(model: &str, max_model_len: u32, vocab_size: u32) -> Self {
+        Self {
+            served_model_names: vec![model.to_string()],
+            max_model_len,
+            vocab_size,
+            api_keys: Vec::new(),
+            max_n: 16,
+            max_prompts_per_request: 256,
+            max_request_body_bytes: 32 << 20,
+            metrics_prefix: "yoco".into(),
+            max_stop_strings: 64,
+            bos_token_id: None,
+        }
+    }
+}
+
+/// What every handler sees.
+pub(crate) struct AppState {
+    pub cfg: AppConfig,
+    pub engines: Engines,
+    pub tok: Tokenizer,
+    pub started_at: u64,
+}
+
+impl AppState {
+    /// The served name a request's `model` field resolves to (404 for another).
+    pub fn check_model(&self, model: Option<&str>) -> Result<String, ApiError> {
+        match model {
+            None | Some("") => Ok(self.cfg.served_model_names[0].clone()),
+            Some(m) if self.cfg.served_model_names.iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("The model `{m}` does not exist."),
+                param: Some("model".into()),
+            }),
+        }
+    }
+}
+
+/// The router over running step loops (one, or `--data-parallel-size` of them).
+pub fn router(cfg: AppConfig, engines: impl Into<Engines>, tok: Tokenizer) -> Router {
+    let limit = cfg.max_request_body_bytes;
+    let state = Arc::new(AppState {
+        cfg,
+        engines: engines.into(),
+        tok,
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    let api = Router::new()
+        .route("/v1/completions", post(completions::create))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/chat/completions", post(not_yet))
+        .route("/v1/completions/render", post(not_yet))
+        .route("/v1/chat/completions/render", post(not_yet))
+        .route("/v1/audio/transcriptions", post(not_yet))
+        .route("/tokenize", post(not_yet))
+        .route("/detokenize", post(not_yet))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/ping", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves. Connections get `TCP_NODELAY`: an SSE
+/// stream writes one small chunk per token, and with Nagle's algorithm each write would wait for
+/// the client's delayed ACK (~40 ms on Linux) whenever the previous chunk is unacknowledged.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if s.cfg.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|k| s.cfg.api_keys.iter().any(|a| a == k));
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::status(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
+    }
+}
+
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    if s.engines.all_dead() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "dead"})),
+        )
+            .into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+fn model_card(s: &AppState, name: &str) -> serde_json::Value {
+    json!({"id": name, "object": "model", "created": s.started_at, "owned_by": "yoco-rs",
+           "root": name, "parent": null, "permission": [], "max_model_len": s.cfg.max_model_len})
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = s
+        .cfg
+        .served_model_names
+        .iter()
+        .map(|n| model_card(&s, n))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match s.check_model(Some(&id)) {
+        Ok(name) => Json(model_card(&s, &name)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
+    let stats: Vec<&crate::stats::Stats> = s.engines.loops().iter().map(|l| &**l.stats()).collect();
+    let body = metrics::render(&s.cfg.metrics_prefix, &s.cfg.served_model_names[0], &stats);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// Endpoints of the Python server this front end does not serve yet: a clear 501, not a 404.
+async fn not_yet(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} is not served by the Rust front end yet; start yoco-serve with --frontend python",
+            req.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        format!("Not found: {} {}", req.method(), req.uri().path()),
+    )
+    .into_response()
+}
+
+/// A request body as JSON of type `T`, or the 400/413/415 that says why not.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::status(status, "The request body is too large.")
+        } else {
+            ApiError::bad(format!("Could not read the request body: {e}"), None)
+        }
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("The request body is not valid: {e}"), None))
+}

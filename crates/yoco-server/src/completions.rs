@@ -1,0 +1,123 @@
+//! `POST /v1/completions`: one or several prompts, `n` completions each, streamed or not.
+//!
+//! Choice `index` is `prompt_index * n + sample_index` (OpenAI's layout); `usage` counts each prompt
+//! once and every generated token; `prompt_tokens_details.cached_tokens` is the prefix-cache hit.
+//! A dropped connection drops the requests' channels, which aborts them in the step loop.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::answer::{final_response, stream_response, Ctx};
+use crate::app::{parse_json, AppState};
+use crate::openai::{ApiError, CompletionRequest};
+use crate::params::GenParams;
+use crate::validate::{gen_params, prompts, refuse_unserved};
+
+pub(crate) async fn create(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match run(s, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_json(body)?;
+    let model = s.check_model(req.model.as_deref())?;
+    if s.engines.all_dead() {
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The engine is not running.",
+        ));
+    }
+    refuse_unserved(&req)?;
+    let n = match req.n {
+        None => 1,
+        Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => n as u32,
+        Some(n) => {
+            return Err(ApiError::bad(
+                format!(
+                    "n must be in [1, {}] (the server's --max-n), got {n}",
+                    s.cfg.max_n
+                ),
+                Some("n"),
+            ))
+        }
+    };
+    let prompts = prompts(&s, req.prompt.clone()).await?;
+    let stream = req.stream.unwrap_or(false);
+    let params: Vec<GenParams> = prompts
+        .iter()
+        .map(|p| gen_params(&s, &req, &p.ids, stream))
+        .collect::<Result<_, _>>()?;
+    let mut subs = Vec::with_capacity(prompts.len() * n as usize);
+    for (i, p) in params.iter().enumerate() {
+        for j in 0..n {
+            let mut p = p.clone();
+            if let (Some(seed), true) = (p.sampling.seed, j > 0) {
+                p.sampling.seed = Some(seed.wrapping_add(j as u64));
+            }
+            let (_, _, rx) = s.engines.submit(p).map_err(|e| {
+                ApiError::status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("The engine is not running: {e}"),
+                )
+            })?;
+            subs.push((i * n as usize + j as usize, rx));
+        }
+    }
+    let echo: Vec<Option<String>> = if req.echo.unwrap_or(false) {
+        prompts
+            .iter()
+            .map(|p| p.text.clone().or_else(|| s.tok.decode(&p.ids, false).ok()))
+            .collect()
+    } else {
+        vec![None; prompts.len()]
+    };
+    let ctx = Ctx {
+        id: format!("cmpl-{}", uuid_like()),
+        model,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        n: n as usize,
+        prompt_lens: prompts.iter().map(|p| p.ids.len() as u64).collect(),
+        echo,
+    };
+    if stream {
+        let opts = req.stream_options.clone().unwrap_or_default();
+        Ok(stream_response(
+            ctx,
+            subs,
+            opts.include_usage.unwrap_or(false),
+            opts.continuous_usage_stats.unwrap_or(false),
+        ))
+    } else {
+        final_response(ctx, subs).await
+    }
+}
+
+/// A random-enough request id without a uuid dependency: time and a process-wide counter, mixed.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{:016x}{:08x}",
+        yoco_core::mock::mix64(t ^ c.rotate_left(32)),
+        c as u32
+    )
+}

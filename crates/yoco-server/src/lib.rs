@@ -1,0 +1,47 @@
+//! yoco-server: the serving path in Rust.
+//!
+//! ```text
+//!  clients ──HTTP/SSE──> app (axum, tokio)                       executor (a trait)
+//!                        validate · tokenize                        │
+//!                        per-request channel <── Event ──┐          │
+//!                              │ submit / abort           │          │
+//!                              v                          │          │
+//!                        step loop thread ────────────────┘          │
+//!                        schedule(N) · launch(N) ───────────────────>│ forward + sample
+//!                        deliver(N−1) · admit · collect(N) <─────────┘
+//!                        update(N) · detokenize · stop strings
+//! ```
+//!
+//! * [`step_loop`] owns the scheduler (`yoco-core`), the text state (`yoco-text`) and every live
+//!   request's output channel, and calls the [`executor::Executor`] once per step, split into
+//!   `launch` and `collect` so the loop's own work (delivering the previous step's outputs,
+//!   admitting new requests) runs while the device computes.
+//! * [`app`] is the OpenAI-compatible HTTP front end: validation, tokenization, SSE and metrics
+//!   happen on tokio tasks, never on the loop thread; a dropped connection closes the request's
+//!   channel, which the loop treats as an abort.
+//!
+//! No pyo3 here: a Python executor plugs in through the bindings crate implementing
+//! [`executor::Executor`]. Benchmarks and protocol tests use [`executor::MockModel`].
+
+#![warn(missing_docs)]
+
+mod answer;
+pub mod app;
+mod completions;
+pub mod dispatch;
+pub mod executor;
+pub mod handle;
+mod metrics;
+pub mod openai;
+pub mod output;
+pub mod params;
+pub mod stats;
+pub mod step_loop;
+mod validate;
+
+pub use app::{router, serve_router, AppConfig};
+pub use dispatch::Engines;
+pub use executor::{ExecError, Executor, MockModel, StepInputs};
+pub use handle::{EngineHandle, LoopConfig, SubmitError};
+pub use output::{Event, FinishReason};
+pub use params::GenParams;

@@ -1,0 +1,205 @@
+//! The OpenAI protocol as the front end speaks it: request bodies, response pieces and the error
+//! envelope `{"error": {"message", "type", "param", "code"}}` (vLLM's shape; `code` is the HTTP
+//! status). Client mistakes are 400s that name the field, never 422 or 500.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What is wrong, for a person.
+    pub message: String,
+    /// The request field at fault.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    /// A 400 naming `param`.
+    pub fn bad(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: param.map(str::to_string),
+        }
+    }
+
+    /// Any status.
+    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The envelope's JSON.
+    pub fn body(&self) -> Value {
+        let ty = match self.status.as_u16() {
+            400 => "BadRequestError",
+            401 => "AuthenticationError",
+            404 => "NotFoundError",
+            405 => "MethodNotAllowedError",
+            413 => "RequestEntityTooLargeError",
+            415 => "UnsupportedMediaTypeError",
+            501 => "NotImplementedError",
+            503 => "ServiceUnavailableError",
+            s if s < 500 => "BadRequestError",
+            _ => "InternalServerError",
+        };
+        json!({"error": {"message": self.message, "type": ty, "param": self.param,
+                         "code": self.status.as_u16()}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// `prompt`: a string, token ids, or a list of either.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text prompt.
+    Text(String),
+    /// One tokenized prompt.
+    Ids(Vec<i64>),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// Several tokenized prompts.
+    IdLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// A last chunk with `usage` and no choices.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+    /// `usage` on every chunk too.
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// `POST /v1/completions`: the fields this front end serves (unknown fields are ignored, as vLLM
+/// does; known fields it does not serve yet are refused by name in `completions.rs`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// Served model name (optional: the only model).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The prompt(s).
+    pub prompt: Option<PromptInput>,
+    /// Output tokens at most (default: what the context leaves).
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    /// Sampling temperature (0 = greedy).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Top-k (-1 or 0 = off).
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Min-p.
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    /// Per-request seed.
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// Completions per prompt.
+    #[serde(default)]
+    pub n: Option<i64>,
+    /// Server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Streaming options.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Stop strings.
+    #[serde(default)]
+    pub stop: Option<StopInput>,
+    /// Stop token ids.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<i64>>,
+    /// Generate past EOS.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    /// EOS and stop tokens do not stop before this many tokens.
+    #[serde(default)]
+    pub min_tokens: Option<i64>,
+    /// Leave special tokens out of the text.
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    /// Keep the stop string in the text.
+    #[serde(default)]
+    pub include_stop_str_in_output: Option<bool>,
+    /// Prefix-cache namespace.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// Priority (lower first, with the priority policy).
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// Prepend the prompt to the output.
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Logprobs of sampled tokens (not served by this front end yet).
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Prompt logprobs (not served yet).
+    #[serde(default)]
+    pub prompt_logprobs: Option<Value>,
+    /// Best-of (not served).
+    #[serde(default)]
+    pub best_of: Option<Value>,
+    /// Suffix (not served).
+    #[serde(default)]
+    pub suffix: Option<Value>,
+    /// Logit bias (not served yet).
+    #[serde(default)]
+    pub logit_bias: Option<Value>,
+    /// Presence penalty (not served yet).
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty (not served yet).
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    /// Repetition penalty (not served yet).
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+    /// Structured outputs (not served yet by this front end).
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// vLLM's structured outputs object (not served yet by this front end).
+    #[serde(default)]
+    pub structured_outputs: Option<Value>,
+}
+
+/// OpenAI's `usage`, with the prefix-cache hit as `prompt_tokens_details.cached_tokens`.
+pub fn usage(prompt: u64, completion: u64, cached: u64) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
+}

@@ -1,0 +1,78 @@
+//! What the step loop sends down a request's channel.
+
+/// Why a request ended, as the OpenAI API names it (`abort` is yoco/vLLM's extra).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// Aborted by the engine (shutdown, a failed step).
+    Abort,
+}
+
+impl FinishReason {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+
+    /// From the core's finish code (`yoco_core::sched::FinishReason as u8`): 1, 2 and 5 are stops,
+    /// 3 is length, anything else an abort.
+    pub fn from_core(code: u8) -> Self {
+        match code {
+            1 | 2 | 5 => FinishReason::Stop,
+            3 => FinishReason::Length,
+            _ => FinishReason::Abort,
+        }
+    }
+}
+
+/// One message from the step loop to the task serving the request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Streaming requests: the tokens and text this step produced (text may be empty while the
+    /// detokenizer or a possible stop string holds bytes back).
+    Delta {
+        /// The token produced this step (None: the step produced none for this request).
+        token_id: Option<u32>,
+        /// New text.
+        text: String,
+    },
+    /// The request ended; nothing follows.
+    Finished(Finished),
+}
+
+/// The end of a request, with its usage figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// The matched stop string, or the stop token id, when one ended it.
+    pub stop_reason: Option<StopReason>,
+    /// The whole output text (non-streaming), or the text not yet delivered as deltas (streaming).
+    pub text: String,
+    /// Output token ids not yet delivered (all of them for non-streaming requests).
+    pub token_ids: Vec<u32>,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens in total.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+    /// A failure the client should see (a failed step), as a message.
+    pub error: Option<String>,
+}
+
+/// What ended a request that stopped (OpenAI's/vLLM's `stop_reason`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopReason {
+    /// A stop string.
+    Text(String),
+    /// A stop token id.
+    Token(u32),
+}

@@ -1,0 +1,57 @@
+//! What the step loop needs of one request, validated by the front end before it is submitted.
+
+/// Sampling fields the executor applies on the device (the step loop only carries them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingFields {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// Per-request generator seed (None: derived by the executor).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingFields {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+        }
+    }
+}
+
+/// One validated generation request (one completion; `n > 1` is the front end's fan-out).
+#[derive(Debug, Clone, Default)]
+pub struct GenParams {
+    /// Prompt token ids, each below the vocabulary size, `1..max_model_len` of them.
+    pub prompt: Vec<u32>,
+    /// Output tokens at most (>= 1; prompt + max_tokens <= max_model_len).
+    pub max_tokens: u32,
+    /// EOS and stop tokens do not end the request before this many output tokens.
+    pub min_tokens: u32,
+    /// Generate past EOS (benchmarks).
+    pub ignore_eos: bool,
+    /// Token ids that end the request (the token is the stop reason).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the request; the text stops before the match unless `include_stop_str`.
+    pub stop: Vec<String>,
+    /// Keep the matched stop string (or stop token's text) in the output.
+    pub include_stop_str: bool,
+    /// Leave special tokens out of the text.
+    pub skip_special_tokens: bool,
+    /// Deliver a delta every step (SSE); otherwise only the final event.
+    pub stream: bool,
+    /// Prefix-cache namespace (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
+    /// Lower = more important (priority policy).
+    pub priority: i32,
+    /// Carried to the executor.
+    pub sampling: SamplingFields,
+}

@@ -1,0 +1,327 @@
+//! Validation of a `/v1/completions` request: prompts (tokenized, `<bos>` as the checkpoint wants),
+//! lengths against the context, sampling fields, and the fields this front end does not serve yet.
+//! Every refusal is a 400 naming the field, with vLLM's wording where vLLM has one.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::openai::{ApiError, CompletionRequest, PromptInput, StopInput};
+use crate::params::{GenParams, SamplingFields};
+
+/// Prompts longer than this many bytes are tokenized on the blocking pool.
+const INLINE_TOKENIZE_BYTES: usize = 4096;
+
+/// One prompt: its ids, and its text when it came as text (for `echo`).
+pub(crate) struct Prompt {
+    pub ids: Vec<u32>,
+    pub text: Option<String>,
+}
+
+pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
+    let fields: [(&str, bool); 10] = [
+        (
+            "logprobs",
+            req.logprobs.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        (
+            "prompt_logprobs",
+            req.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        (
+            "best_of",
+            req.best_of
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v != &json!(1)),
+        ),
+        ("suffix", req.suffix.as_ref().is_some_and(|v| !v.is_null())),
+        (
+            "logit_bias",
+            req.logit_bias.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        (
+            "presence_penalty",
+            req.presence_penalty.is_some_and(|v| v != 0.0),
+        ),
+        (
+            "frequency_penalty",
+            req.frequency_penalty.is_some_and(|v| v != 0.0),
+        ),
+        (
+            "repetition_penalty",
+            req.repetition_penalty.is_some_and(|v| v != 1.0),
+        ),
+        (
+            "response_format",
+            req.response_format.as_ref().is_some_and(|v| !v.is_null()),
+        ),
+        (
+            "structured_outputs",
+            req.structured_outputs
+                .as_ref()
+                .is_some_and(|v| !v.is_null()),
+        ),
+    ];
+    for (name, set) in fields {
+        if set {
+            return Err(ApiError::bad(
+                format!("{name} is not supported by the Rust front end yet; use yoco-serve's default server"),
+                Some(name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn prompts(
+    s: &Arc<AppState>,
+    input: Option<PromptInput>,
+) -> Result<Vec<Prompt>, ApiError> {
+    let input = input.ok_or_else(|| ApiError::bad("prompt is required", Some("prompt")))?;
+    let max = s.cfg.max_prompts_per_request as usize;
+    let count = match &input {
+        PromptInput::Text(_) | PromptInput::Ids(_) => 1,
+        PromptInput::Texts(v) => v.len(),
+        PromptInput::IdLists(v) => v.len(),
+    };
+    if count == 0 {
+        return Err(ApiError::bad(
+            "prompt is an empty list: give a string, a list of strings, a list of token ids or a list of lists of token ids",
+            Some("prompt"),
+        ));
+    }
+    if count > max {
+        return Err(ApiError::bad(
+            format!("prompt holds {count} prompts; at most {max} per request (the server's --max-prompts-per-request)"),
+            Some("prompt"),
+        ));
+    }
+    let mut out = Vec::with_capacity(count);
+    match input {
+        PromptInput::Text(t) => out.push(encode(s, t, "prompt").await?),
+        PromptInput::Texts(ts) => {
+            for (i, t) in ts.into_iter().enumerate() {
+                out.push(encode(s, t, &format!("prompt[{i}]")).await?);
+            }
+        }
+        PromptInput::Ids(ids) => out.push(check_ids(s, ids, "prompt")?),
+        PromptInput::IdLists(ls) => {
+            for (i, ids) in ls.into_iter().enumerate() {
+                out.push(check_ids(s, ids, &format!("prompt[{i}]"))?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn encode(s: &Arc<AppState>, text: String, wher: &str) -> Result<Prompt, ApiError> {
+    if text.is_empty() {
+        return Err(ApiError::bad(
+            format!("{wher} is empty: give at least one character or token id"),
+            Some("prompt"),
+        ));
+    }
+    // A token is at least one byte: a text with more bytes than 32 x the context cannot fit; refusing
+    // it before tokenizing keeps a huge body from occupying a worker.
+    if text.len() > 32 * s.cfg.max_model_len as usize {
+        return Err(ApiError::bad(
+            format!(
+                "{wher} is too long: {} bytes make more than {} tokens",
+                text.len(),
+                s.cfg.max_model_len
+            ),
+            Some("prompt"),
+        ));
+    }
+    let enc = if text.len() > INLINE_TOKENIZE_BYTES {
+        let s2 = s.clone();
+        let t = text.clone();
+        tokio::task::spawn_blocking(move || {
+            s2.tok
+                .encode(t.as_str(), false)
+                .map(|e| e.get_ids().to_vec())
+        })
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    } else {
+        s.tok
+            .encode(text.as_str(), false)
+            .map(|e| e.get_ids().to_vec())
+    };
+    let mut ids = enc.map_err(|e| {
+        ApiError::bad(
+            format!("{wher} could not be tokenized: {e}"),
+            Some("prompt"),
+        )
+    })?;
+    if let Some(bos) = s.cfg.bos_token_id {
+        if ids.first() != Some(&bos) {
+            ids.insert(0, bos);
+        }
+    }
+    Ok(Prompt {
+        ids,
+        text: Some(text),
+    })
+}
+
+fn check_ids(s: &AppState, ids: Vec<i64>, wher: &str) -> Result<Prompt, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::bad(
+            format!("{wher} is an empty list of token ids: give at least one token id"),
+            Some("prompt"),
+        ));
+    }
+    let v = s.cfg.vocab_size as i64;
+    if let Some(bad) = ids.iter().find(|&&t| t < 0 || t >= v) {
+        return Err(ApiError::bad(
+            format!("{wher} holds token id {bad}, outside the vocabulary [0, {v})"),
+            Some("prompt"),
+        ));
+    }
+    Ok(Prompt {
+        ids: ids.into_iter().map(|t| t as u32).collect(),
+        text: None,
+    })
+}
+
+fn context_error(limit: u32, prompt_len: usize, max_tokens: Option<i64>) -> ApiError {
+    let p = prompt_len as i64;
+    let n = limit as i64;
+    if p >= n {
+        let asked = max_tokens
+            .map(|m| {
+                format!(
+                    " and you requested {m} output tokens, for a total of {} tokens",
+                    p + m
+                )
+            })
+            .unwrap_or_default();
+        return ApiError::bad(
+            format!("This model's maximum context length is {n} tokens. However, your prompt contains {p} input \
+                     tokens{asked}. The prompt must be at most {} tokens to leave room for at least one output \
+                     token; please reduce the length of the prompt.", n - 1),
+            Some("prompt"),
+        );
+    }
+    let m = max_tokens.unwrap_or(0);
+    ApiError::bad(
+        format!("This model's maximum context length is {n} tokens. However, you requested {m} output tokens \
+                 and your prompt contains {p} input tokens, for a total of {} tokens. Please reduce the length \
+                 of the prompt or the number of requested output tokens (max_tokens <= {} fits this prompt).",
+                p + m, n - p),
+        Some("max_tokens"),
+    )
+}
+
+fn finite_in(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default as f32),
+        Some(x) if x.is_finite() && x >= lo && x <= hi => Ok(x as f32),
+        Some(x) => Err(ApiError::bad(
+            format!("{name} must be in [{lo}, {hi}], got {x}"),
+            Some(name),
+        )),
+    }
+}
+
+pub(crate) fn gen_params(
+    s: &AppState,
+    r: &CompletionRequest,
+    prompt: &[u32],
+    stream: bool,
+) -> Result<GenParams, ApiError> {
+    let limit = s.cfg.max_model_len;
+    if let Some(m) = r.max_tokens {
+        if m < 1 {
+            return Err(ApiError::bad(
+                format!("max_tokens must be an integer >= 1 (or omitted for up to the context length), got {m}"),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    let room = limit as i64 - prompt.len() as i64;
+    if room < 1 || r.max_tokens.is_some_and(|m| m > room) {
+        return Err(context_error(limit, prompt.len(), r.max_tokens));
+    }
+    let max_tokens = r.max_tokens.unwrap_or(room) as u32;
+    let temperature = finite_in("temperature", r.temperature, 0.0, 100.0, 1.0)?;
+    let top_p = finite_in("top_p", r.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
+    let min_p = finite_in("min_p", r.min_p, 0.0, 1.0, 0.0)?;
+    let top_k = match r.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if (1..=i32::MAX as i64).contains(&k) => k as u32,
+        Some(k) => {
+            return Err(ApiError::bad(
+                format!("top_k must be 0 or -1 (disabled) or in [1, 2**31 - 1], got {k}"),
+                Some("top_k"),
+            ))
+        }
+    };
+    let min_tokens = match r.min_tokens {
+        None => 0,
+        Some(m) if m >= 0 && m <= max_tokens as i64 => m as u32,
+        Some(m) => {
+            return Err(ApiError::bad(
+                format!("min_tokens must be in [0, max_tokens ({max_tokens})], got {m}"),
+                Some("min_tokens"),
+            ))
+        }
+    };
+    let stop = match &r.stop {
+        None => Vec::new(),
+        Some(StopInput::One(x)) => vec![x.clone()],
+        Some(StopInput::Many(v)) => v.clone(),
+    };
+    if stop.len() > s.cfg.max_stop_strings {
+        return Err(ApiError::bad(
+            format!(
+                "stop holds {} strings; at most {}",
+                stop.len(),
+                s.cfg.max_stop_strings
+            ),
+            Some("stop"),
+        ));
+    }
+    let v = s.cfg.vocab_size as i64;
+    let stop_token_ids = r.stop_token_ids.clone().unwrap_or_default();
+    if let Some(bad) = stop_token_ids.iter().find(|&&t| t < 0 || t >= v) {
+        return Err(ApiError::bad(
+            format!("stop_token_ids holds {bad}, outside the vocabulary [0, {v})"),
+            Some("stop_token_ids"),
+        ));
+    }
+    let priority = match r.priority {
+        None => 0,
+        Some(0) => 0,
+        Some(p) => {
+            return Err(ApiError::bad(
+                format!("priority is only supported with --scheduling-policy priority (this server schedules \
+                         first come, first served), got {p}"),
+                Some("priority"),
+            ))
+        }
+    };
+    Ok(GenParams {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        min_tokens,
+        ignore_eos: r.ignore_eos.unwrap_or(false),
+        stop_token_ids: stop_token_ids.into_iter().map(|t| t as u32).collect(),
+        stop,
+        include_stop_str: r.include_stop_str_in_output.unwrap_or(false),
+        skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
+        stream,
+        cache_salt: r.cache_salt.clone(),
+        priority,
+        sampling: SamplingFields {
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            seed: r.seed.map(|x| x as u64),
+        },
+    })
+}

@@ -1,0 +1,231 @@
+//! A real server on a loopback port over the mock executor, and a minimal HTTP client.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use yoco_core::kv::LayerKind;
+use yoco_core::sched::SchedulerConfig;
+use yoco_server::{AppConfig, EngineHandle, Engines, LoopConfig, MockModel};
+use yoco_text::Tokenizer;
+
+pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// The bundled checkpoint's `<bos>`, which its `tokenizer_config.json` adds to text prompts.
+pub const BOS: u32 = 2;
+
+/// Prompt ids of `text` as the server encodes it: `<bos>` then the tokenizer's ids.
+pub fn encode(text: &str) -> Vec<u32> {
+    let mut ids = vec![BOS];
+    ids.extend_from_slice(tokenizer().encode(text, false).unwrap().get_ids());
+    ids
+}
+
+pub fn tokenizer() -> Tokenizer {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../python/yoco_rs/default_model/tokenizer.json"
+    );
+    Tokenizer::from_file(p).expect("bundled tokenizer")
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    /// Loop 0.
+    pub engine: EngineHandle,
+    /// Every loop (`Opts::loops`).
+    pub loops: Vec<EngineHandle>,
+    pub client: HttpClient,
+    pub rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+pub struct Opts {
+    pub forward: Duration,
+    pub num_blocks: u32,
+    pub max_num_seqs: u32,
+    pub max_model_len: u32,
+    pub api_keys: Vec<String>,
+    pub max_body: usize,
+    pub max_failures: u32,
+    /// Loop 0's executor (default: the plain mock with `forward`).
+    pub exec: Option<MockModel>,
+    /// Step loops behind the front end (`--data-parallel-size`).
+    pub loops: usize,
+    /// The executor of loop i given the vocabulary size (default: the plain mock).
+    pub exec_of: Option<fn(usize, u32) -> MockModel>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Self {
+            forward: Duration::ZERO,
+            num_blocks: 1024,
+            max_num_seqs: 32,
+            max_model_len: 512,
+            api_keys: Vec::new(),
+            max_body: 1 << 20,
+            max_failures: 4,
+            exec: None,
+            loops: 1,
+            exec_of: None,
+        }
+    }
+}
+
+impl TestServer {
+    pub fn start(o: Opts) -> Self {
+        let tok = tokenizer();
+        let vocab = tok.get_vocab_size(true) as u32;
+        let layers = vec![
+            LayerKind::Sliding { window: 64 },
+            LayerKind::Full,
+            LayerKind::SharesKv { donor: 1 },
+        ];
+        let mut sc = SchedulerConfig::new(layers, 16, o.num_blocks).unwrap();
+        sc.max_num_seqs = o.max_num_seqs;
+        sc.max_model_len = o.max_model_len;
+        sc.max_num_batched_tokens = 1024;
+        let mut first = o.exec;
+        let loops: Vec<EngineHandle> = (0..o.loops.max(1))
+            .map(|i| {
+                let exec = match (first.take(), o.exec_of) {
+                    (Some(e), _) => e,
+                    (None, Some(f)) => f(i, vocab),
+                    (None, None) => MockModel::new(vocab, 16, o.forward),
+                };
+                EngineHandle::start(
+                    LoopConfig {
+                        scheduler: sc.clone(),
+                        tokenizer: tok.clone(),
+                        eos_token_ids: vec![1],
+                        max_consecutive_failures: o.max_failures,
+                    },
+                    Box::new(exec),
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut cfg = AppConfig::new("mock", o.max_model_len, vocab);
+        cfg.api_keys = o.api_keys;
+        cfg.max_request_body_bytes = o.max_body;
+        cfg.bos_token_id = Some(BOS);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let app = yoco_server::router(cfg, Engines::new(loops.clone()), tok);
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move {
+            let _ = yoco_server::serve_router(listener, app, async {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        let client = rt.block_on(async { Client::builder(TokioExecutor::new()).build_http() });
+        Self {
+            addr,
+            engine: loops[0].clone(),
+            loops,
+            client,
+            rt,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// POST JSON; (status, body text).
+    pub fn post(&self, path: &str, body: &str) -> (u16, String) {
+        self.post_with(path, body, &[])
+    }
+
+    pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let mut b = Request::post(self.url(path)).header("content-type", "application/json");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+        self.rt.block_on(async {
+            let r = self.client.request(req).await.unwrap();
+            let status = r.status().as_u16();
+            let body = r.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        })
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let req = Request::get(self.url(path))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.rt.block_on(async {
+            let r = self.client.request(req).await.unwrap();
+            let status = r.status().as_u16();
+            let body = r.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        })
+    }
+
+    pub fn json(&self, path: &str, body: &str) -> (u16, Value) {
+        let (s, b) = self.post(path, body);
+        (
+            s,
+            serde_json::from_str(&b).unwrap_or_else(|e| panic!("not JSON ({e}): {b}")),
+        )
+    }
+
+    /// The value of a metric series (first line starting with `name`).
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, m) = self.get("/metrics");
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no series {name}"))
+    }
+
+    /// Waits (up to 10 s) until `cond` holds.
+    pub fn wait_for(&self, what: &str, mut cond: impl FnMut(&Self) -> bool) {
+        let t = std::time::Instant::now();
+        while !cond(self) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        for l in &self.loops {
+            l.shutdown();
+        }
+    }
+}
+
+/// The `data:` payloads of an SSE body, `[DONE]` included.
+pub fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}

@@ -1,0 +1,351 @@
+//! `/v1/completions` over a real port: the protocol, the texts and the errors.
+
+mod common;
+
+use common::{sse_events, Opts, TestServer};
+use serde_json::{json, Value};
+use yoco_core::kv::LayerKind;
+use yoco_core::mock::MockExecutor;
+use yoco_core::sched::{NewRequest, Scheduler, SchedulerConfig};
+
+/// What the mock model generates for `prompt` when it runs alone through the core (no step loop,
+/// no HTTP): the reference the server's answers are checked against.
+fn reference_tokens(prompt: &[u32], max_tokens: u32) -> Vec<u32> {
+    let tok = common::tokenizer();
+    let vocab = tok.get_vocab_size(true) as u32;
+    let layers = vec![LayerKind::Full];
+    let mut c = SchedulerConfig::new(layers, 16, 256).unwrap();
+    c.max_model_len = 1024;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add_request(NewRequest {
+        id: 1,
+        prompt: prompt.to_vec(),
+        max_tokens,
+        eos_token_ids: vec![1],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut m = MockExecutor::new(vocab).first_token(16);
+    let mut out = Vec::new();
+    while s.num_unfinished() > 0 {
+        let plan = s.schedule().clone();
+        let sampled = m.sample(&plan, &[]).to_vec();
+        let o = s.update(&sampled).unwrap();
+        out.extend(o.new_tokens.iter().filter(|&&t| t >= 0).map(|&t| t as u32));
+    }
+    out
+}
+
+use common::encode;
+
+fn decode(ids: &[u32]) -> String {
+    common::tokenizer().decode(ids, true).unwrap()
+}
+
+#[test]
+fn completion_text_is_the_mock_models_output_decoded() {
+    let s = TestServer::start(Opts::default());
+    let (st, v) = s.json(
+        "/v1/completions",
+        r#"{"prompt": "The sea was calm", "max_tokens": 12, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{v}");
+    let want = decode(&reference_tokens(&encode("The sea was calm"), 12));
+    assert_eq!(v["choices"][0]["text"], json!(want));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], "mock");
+    let p = encode("The sea was calm").len() as u64;
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": p, "completion_tokens": 12, "total_tokens": p + 12,
+                                  "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+}
+
+#[test]
+fn token_id_prompts_are_served_as_given() {
+    let s = TestServer::start(Opts::default());
+    let (st, v) = s.json(
+        "/v1/completions",
+        r#"{"prompt": [2, 300, 301, 302], "max_tokens": 5}"#,
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"],
+        json!(decode(&reference_tokens(&[2, 300, 301, 302], 5)))
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+}
+
+#[test]
+fn streamed_deltas_concatenate_to_the_non_streamed_text() {
+    let s = TestServer::start(Opts::default());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 20, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (st, text) = s.post("/v1/completions", &body.to_string());
+    assert_eq!(st, 200, "{text}");
+    let ev = sse_events(&text);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 20);
+    let deltas = &chunks[..chunks.len() - 1];
+    assert_eq!(deltas.len(), 20, "one chunk per token");
+    let joined: String = deltas
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        joined,
+        decode(&reference_tokens(&encode("Once upon a time"), 20))
+    );
+    assert!(deltas[..19]
+        .iter()
+        .all(|c| c["choices"][0]["finish_reason"].is_null()));
+    assert_eq!(deltas[19]["choices"][0]["finish_reason"], "length");
+    let (_, full) = s.json(
+        "/v1/completions",
+        r#"{"prompt": "Once upon a time", "max_tokens": 20}"#,
+    );
+    assert_eq!(full["choices"][0]["text"], json!(joined));
+}
+
+#[test]
+fn stop_string_ends_the_request_before_the_match() {
+    let s = TestServer::start(Opts::default());
+    let full = decode(&reference_tokens(&encode("Tell me"), 40));
+    // A stop string from the middle of the output: the text ends just before its first occurrence.
+    let chars: Vec<char> = full.chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+    let at = full.find(&stop).unwrap();
+    for stream in [false, true] {
+        let body = json!({"prompt": "Tell me", "max_tokens": 40, "stop": [stop], "stream": stream});
+        let (st, text) = s.post("/v1/completions", &body.to_string());
+        assert_eq!(st, 200, "{text}");
+        let (out, last) = if stream {
+            let ev = sse_events(&text);
+            let chunks: Vec<Value> = ev[..ev.len() - 1]
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect();
+            let joined: String = chunks
+                .iter()
+                .map(|c| c["choices"][0]["text"].as_str().unwrap())
+                .collect();
+            (joined, chunks.last().unwrap()["choices"][0].clone())
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["choices"][0].clone(),
+            )
+        };
+        assert_eq!(out, full[..at], "stream={stream}");
+        assert_eq!(last["finish_reason"], "stop");
+        assert_eq!(last["stop_reason"], json!(stop));
+    }
+}
+
+#[test]
+fn several_prompts_and_n_give_indexed_choices_and_summed_usage() {
+    let s = TestServer::start(Opts::default());
+    let (st, v) = s.json(
+        "/v1/completions",
+        r#"{"prompt": ["a b c", "d e"], "n": 2, "max_tokens": 3}"#,
+    );
+    assert_eq!(st, 200, "{v}");
+    let idx: Vec<u64> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3]);
+    let p = (encode("a b c").len() + encode("d e").len()) as u64;
+    assert_eq!(v["usage"]["prompt_tokens"], p);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(
+        v["choices"][2]["text"],
+        json!(decode(&reference_tokens(&encode("d e"), 3)))
+    );
+}
+
+#[test]
+fn repeated_prompt_reports_its_prefix_cache_hit() {
+    let s = TestServer::start(Opts::default());
+    let prompt: Vec<u32> = (0..100).map(|i| 300 + i).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 2}).to_string();
+    let (_, a) = s.json("/v1/completions", &body);
+    let (_, b) = s.json("/v1/completions", &body);
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // Whole 16-token blocks of the 100-token prompt, the last token always recomputed.
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+}
+
+#[test]
+fn echo_prepends_the_prompt_text() {
+    let s = TestServer::start(Opts::default());
+    let (_, v) = s.json(
+        "/v1/completions",
+        r#"{"prompt": "Hello there", "max_tokens": 3, "echo": true}"#,
+    );
+    let want = format!(
+        "Hello there{}",
+        decode(&reference_tokens(&encode("Hello there"), 3))
+    );
+    assert_eq!(v["choices"][0]["text"], json!(want));
+}
+
+fn assert_400(s: &TestServer, body: &str, param: &str, needle: &str) {
+    let (st, v) = s.json("/v1/completions", body);
+    assert_eq!(st, 400, "{body} -> {v}");
+    assert_eq!(v["error"]["code"], 400);
+    assert_eq!(v["error"]["type"], "BadRequestError");
+    assert_eq!(v["error"]["param"], json!(param), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+}
+
+#[test]
+fn bad_fields_are_400s_naming_the_field() {
+    let s = TestServer::start(Opts::default());
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "max_tokens": 0}"#,
+        "max_tokens",
+        ">= 1",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "max_tokens": 100000}"#,
+        "max_tokens",
+        "maximum context length is 512",
+    );
+    assert_400(&s, r#"{"prompt": "x", "n": 0}"#, "n", "--max-n");
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "temperature": -1}"#,
+        "temperature",
+        "got -1",
+    );
+    assert_400(&s, r#"{"prompt": "x", "top_p": 0}"#, "top_p", "top_p");
+    assert_400(&s, r#"{"prompt": "x", "top_k": -5}"#, "top_k", "got -5");
+    assert_400(
+        &s,
+        r#"{"prompt": [1, 99999999]}"#,
+        "prompt",
+        "outside the vocabulary",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": [-1]}"#,
+        "prompt",
+        "outside the vocabulary",
+    );
+    assert_400(&s, r#"{"prompt": ""}"#, "prompt", "empty");
+    assert_400(
+        &s,
+        r#"{"prompt": [[]]}"#,
+        "prompt",
+        "empty list of token ids",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "stop_token_ids": [5000000]}"#,
+        "stop_token_ids",
+        "outside the vocabulary",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "min_tokens": 600, "max_tokens": 4}"#,
+        "min_tokens",
+        "min_tokens",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "logprobs": 2}"#,
+        "logprobs",
+        "not supported",
+    );
+    let long: Vec<u32> = vec![300; 600];
+    assert_400(
+        &s,
+        &json!({"prompt": long}).to_string(),
+        "prompt",
+        "maximum context length is 512",
+    );
+    // Malformed bodies.
+    let (st, v) = s.json("/v1/completions", r#"{"prompt": "x", "#);
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = s.json("/v1/completions", r#"{"prompt": {"a": 1}}"#);
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = s.json(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": "many"}"#,
+    );
+    assert_eq!(st, 400, "{v}");
+    // Nothing was admitted: the engine holds no request and no block.
+    assert_eq!(s.metric("yoco:num_requests_running"), 0.0);
+    assert_eq!(s.metric("yoco:prompt_tokens_total"), 0.0);
+}
+
+#[test]
+fn unknown_model_and_route_are_404s_in_the_envelope() {
+    let s = TestServer::start(Opts::default());
+    let (st, v) = s.json("/v1/completions", r#"{"model": "gpt-9", "prompt": "x"}"#);
+    assert_eq!((st, v["error"]["param"].clone()), (404, json!("model")));
+    let (st, b) = s.get("/v1/nothing");
+    assert_eq!(st, 404);
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["error"]["type"], "NotFoundError");
+    let (st, v) = s.json("/v1/chat/completions", r#"{"messages": []}"#);
+    assert_eq!(st, 501, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--frontend python"));
+    let (st, b) = s.get("/v1/models");
+    assert_eq!(st, 200);
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["data"][0]["id"], "mock");
+    assert_eq!(v["data"][0]["max_model_len"], 512);
+}
+
+#[test]
+fn oversized_body_is_413_and_missing_key_is_401() {
+    let s = TestServer::start(Opts {
+        api_keys: vec!["k1".into()],
+        max_body: 1000,
+        ..Default::default()
+    });
+    let (st, v) = s.post_with(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 1}"#,
+        &[],
+    );
+    assert_eq!(st, 401, "{v}");
+    let (st, _) = s.post_with(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 1}"#,
+        &[("authorization", "Bearer wrong")],
+    );
+    assert_eq!(st, 401);
+    let (st, v) = s.post_with(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 1}"#,
+        &[("authorization", "Bearer k1")],
+    );
+    assert_eq!(st, 200, "{v}");
+    let big = json!({"prompt": "y".repeat(5000)}).to_string();
+    let (st, v) = s.post_with("/v1/completions", &big, &[("authorization", "Bearer k1")]);
+    assert_eq!(st, 413, "{v}");
+    // Health and metrics stay open without a key (probes and scrapers).
+    assert_eq!(s.get("/health").0, 200);
+    assert_eq!(s.get("/metrics").0, 200);
+}

@@ -1,0 +1,126 @@
+"""``yoco-serve --frontend rust``: the serving path in Rust (``crates/yoco-server``) driving this
+process's PyTorch executor.
+
+HTTP, validation, tokenization, the scheduler, detokenization, stop strings and SSE run in Rust with
+the GIL released; the Rust step loop calls ``StepExecutor`` with the GIL held only for that call:
+``add_request``/``remove_request`` once per request, ``launch``/``collect`` once per step (O(1) calls,
+flat arrays). What the Rust front end serves today is ``/v1/completions`` (text and token prompts,
+``n``, stop strings and ids, streaming with usage, echo, seeds), ``/v1/models``, ``/health`` and
+``/metrics``; requests that need what it does not serve yet (chat, logprobs, penalties, structured
+outputs, tools, KV events) get a 400 naming the field. The default ``--frontend python`` serves
+everything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import Optional
+
+import numpy as np
+import torch
+
+from yoco_rs import _core
+from yoco_rs.config import EngineConfig
+from yoco_rs.engine import derive_seed
+from yoco_rs.executor.batch import plan_batch
+from yoco_rs.executor.sampler import RowParams
+from yoco_rs.runtime import Runtime, build_runtime
+
+_NO_OUTPUT = np.zeros(0, dtype=np.int64)
+
+# Server flags the Rust front end does not implement yet: refused at start-up rather than ignored.
+UNSUPPORTED_FLAGS = {
+    "chat_template": "--chat-template", "enable_auto_tool_choice": "--enable-auto-tool-choice",
+    "tool_call_parser": "--tool-call-parser", "kv_events_config": "--kv-events-config",
+    "allowed_origins": "--allowed-origins", "return_tokens_as_token_ids": "--return-tokens-as-token-ids",
+    "compat_metric_names": "--compat-metric-names",
+}
+
+
+class StepExecutor:
+    """The model, the sampler and the per-request sampling state, stepped by the Rust loop.
+
+    ``launch(plan, tables, resumed)`` runs the forward and samples (on a GPU both are enqueued and the
+    call returns at once); ``collect()`` returns the sampled ids as an int32 numpy array, copying them
+    to the host. ``tables[g]`` is KV group g's block-table rows of the plan (``[R, cols]`` int32);
+    ``resumed`` maps the requests the plan resumes after a preemption to their outputs so far."""
+
+    def __init__(self, rt: Runtime):
+        self._runner = rt.runner
+        self._sampler = rt.sampler
+        self._eos = list(rt.tokenizer.eos_token_ids)
+        self._engine_seed = int(rt.config.seed)
+        self._counter = itertools.count(1)
+        self._params: dict[int, RowParams] = {}
+        self._prompts: dict[int, np.ndarray] = {}
+        self._sampled: Optional[torch.Tensor] = None
+
+    def add_request(self, req_id: int, prompt: np.ndarray, *, temperature: float, top_p: float, top_k: int,
+                    min_p: float, seed: Optional[int], min_tokens: int, ignore_eos: bool,
+                    stop_token_ids: list) -> None:
+        mask_ids = list(stop_token_ids) + ([] if ignore_eos else self._eos)
+        self._params[req_id] = RowParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            seed=seed if seed is not None else derive_seed(self._engine_seed, next(self._counter)),
+            min_tokens=min_tokens, min_tokens_ids=mask_ids)
+        self._prompts[req_id] = prompt
+
+    def remove_request(self, req_id: int) -> None:
+        self._params.pop(req_id, None)
+        self._prompts.pop(req_id, None)
+
+    def launch(self, plan, tables: list, resumed: dict) -> None:
+        ids = plan.admitted_ids
+        if len(ids):
+            ids = ids.tolist()
+            self._sampler.set_rows(plan.admitted_rows.tolist(), [self._params[i] for i in ids],
+                                   [self._prompts[i] for i in ids], [resumed.get(i, _NO_OUTPUT) for i in ids])
+        batch = plan_batch(plan, [torch.from_numpy(t) for t in tables])
+        logits = self._runner.execute(batch)
+        rows = plan.req_rows[plan.sample_rows]
+        self._sampled = self._sampler.sample(logits, plan.logits_cross_pos, rows).sampled
+
+    def collect(self) -> np.ndarray:
+        s, self._sampled = self._sampled, None
+        return np.ascontiguousarray(s.numpy(), dtype=np.int32)
+
+
+def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
+    """Load the model, then serve from Rust until SIGINT/SIGTERM. The exit status of ``yoco-serve``."""
+    for attr, flag in UNSUPPORTED_FLAGS.items():
+        if getattr(args, attr, None):
+            print(f"yoco-serve: error: {flag} is not supported with --frontend rust yet", file=sys.stderr, flush=True)
+            return 2
+    cfg = EngineConfig.from_kwargs(model, **engine_kwargs)
+    dp = int(getattr(args, "data_parallel_size", 1) or 1)
+    # One runtime per step loop: its own weights, KV pool and sampler (on a GPU, pin each process to
+    # its device; in one process they share the device and its memory budget).
+    rts = [build_runtime(cfg, progress=not args.disable_progress) for _ in range(dp)]
+    rt = rts[0]
+    names = list(settings.served_model_names or [rt.model_name])
+
+    c = rt.config
+    pc = f"on (sub-block {c.sub_block_size})" if c.enable_prefix_caching else "off"
+    mem = f" | memory: {rt.memory_split}" if rt.memory_split else ""
+
+    def ready(url: str) -> None:
+        # The same line as the Python front end's (tests and scripts read the URL at its end).
+        print(f"yoco-serve ready: model {names[0]} | KV capacity {rt.kv_capacity_tokens:,} tokens (block "
+              f"{c.block_size}) | fast prefill {'on' if c.kv_sharing_fast_prefill else 'off'} | prefix caching {pc} | "
+              f"max_model_len {c.max_model_len}{mem} | front end rust, {dp} step loop{'s' if dp > 1 else ''} | {url}", file=sys.stderr, flush=True)
+
+    _core.serve_http(
+        [(r.scheduler, StepExecutor(r)) for r in rts], tokenizer_file=rt.tokenizer.tokenizer_file,
+        eos_token_ids=list(rt.tokenizer.eos_token_ids),
+        bos_token_id=rt.tokenizer.bos_token_id if rt.tokenizer.add_bos_token else None, host=args.host, port=args.port, served_model_names=names,
+        max_model_len=int(rt.config.max_model_len), vocab_size=int(rt.vocab_size),
+        api_keys=list(settings.api_keys or []), max_n=int(settings.max_n),
+        max_prompts_per_request=int(settings.max_prompts_per_request),
+        max_request_body_bytes=int(settings.max_request_body_bytes), metrics_prefix=settings.metrics_prefix,
+        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready)
+    print("yoco-serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+__all__ = ["StepExecutor", "serve", "UNSUPPORTED_FLAGS"]
