@@ -33,6 +33,19 @@ def mask_logits(logits: np.ndarray, rows: np.ndarray, bitmask: np.ndarray) -> No
     """``logits[rows[i], t] = -inf`` where row ``i`` of ``bitmask`` (``[C, words]`` int32) disallows ``t``;
     in place on C-contiguous float32 ``[X, V]`` host logits (GIL released)."""
 
+def serve_http(
+    loops: list[tuple["Scheduler", object]], *, tokenizer_file: str, eos_token_ids: list[int],
+    bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,
+    vocab_size: int, api_keys: list[str] = ..., max_n: int = 16, max_prompts_per_request: int = 256,
+    max_request_body_bytes: int = ..., metrics_prefix: str = "yoco", max_consecutive_failures: int = 8,
+    on_ready: object | None = None,
+) -> None:
+    """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
+    one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
+    ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
+    ``on_ready(url)`` is called once the port is bound."""
+    ...
+
 class GrammarBusyError(RuntimeError):
     """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""
 
