@@ -16,7 +16,9 @@ use super::state::{Req, Status, NO_ROW};
 use super::table::BlockTables;
 use super::validate;
 use crate::error::{Error, Result};
-use crate::kv::{kv_groups, KvConfig, KvEvent, KvGroup, KvManager, KvMetrics, LayerKind};
+use crate::kv::{
+    kv_groups, KvConfig, KvEvent, KvEventBatch, KvGroup, KvManager, KvMetrics, LayerKind,
+};
 
 /// Order of the waiting queue and choice of preemption victims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -362,6 +364,17 @@ impl Scheduler {
     /// `kv.enable_events`).
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
+    }
+
+    /// KV events since the last call by buffer swap (see [`KvManager::swap_events`]): the
+    /// publisher's path, free of per-event work on the step thread.
+    pub fn swap_kv_events(&mut self, spare: KvEventBatch) -> KvEventBatch {
+        self.kv.swap_events(spare)
+    }
+
+    /// Whether KV events are pending.
+    pub fn has_kv_events(&self) -> bool {
+        self.kv.has_events()
     }
 
     /// KV events dropped because nobody took them before the bounded log filled up.
