@@ -4,7 +4,8 @@ Ray's prefix-cache-affinity router.
 Default (light) form, no cluster: the application's wiring (2 replicas at 0.5 CPU, Ray's
 ``PrefixCacheAffinityRouter``) and that Ray's router reads the prefix text of our handle-call argument.
 ``YOCO_HEAVY=1`` deploys it on a local Ray: requests sharing a prefix go to one replica (named by the
-``x-yoco-replica`` header), streaming works through the ingress, bad input keeps its 400."""
+``x-yoco-replica`` header), streaming works through the ingress, bad input keeps its 400, and shutdown
+leaves no process behind."""
 
 from __future__ import annotations
 
@@ -20,6 +21,31 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 PER_FAMILY = 10
 ENGINE = dict(max_model_len=512, kv_cache_memory=64 << 20, max_num_seqs=8, seed=0)
+
+
+def descendants() -> dict[int, str]:
+    """This process's descendants (pid -> command line), from /proc (no psutil in the environment)."""
+    import os
+
+    children: dict[int, list[int]] = {}
+    cmd: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd[int(d)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = {}, [os.getpid()]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out[c] = cmd.get(c, "")
+            todo.append(c)
+    return out
 
 
 def free_port() -> int:
@@ -41,11 +67,16 @@ def app_url():
 
     from yoco_rs.serve.ray import build_app
 
+    import time
+
+    before = set(descendants())
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # serve.run waits until both replicas answer /health (each builds an engine: tens of seconds on
+        # a loaded 2-core box; the replica gives up after 300 s, the module's timeout is 600 s).
         serve.run(build_app(None, num_replicas=2, engine_kwargs=ENGINE, num_cpus=0.5,
                             server_settings={"metrics_prefix": "vllm"}),
                   name="yoco", route_prefix="/")
@@ -53,6 +84,11 @@ def app_url():
     finally:
         serve.shutdown()
         ray.shutdown()
+    # Nothing of the local cluster outlives the tests (raylet, GCS, workers, replicas' servers).
+    deadline = time.monotonic() + 60
+    while (left := {p: c for p, c in descendants().items() if p not in before}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes left behind by ray.shutdown(): {left}"
 
 
 def test_app_wires_fractional_replicas_behind_rays_prefix_router():

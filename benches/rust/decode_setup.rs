@@ -28,12 +28,19 @@ pub fn gemma3n() -> Vec<LayerKind> {
 
 /// `n` requests with 128-token prompts (block 16), prefilled, with room for `steps` more decode
 /// steps before any finishes.
+#[allow(dead_code)] // each bench binary includes this module and uses part of it
 pub fn decoding(n: u32, steps: u32, layers: Vec<LayerKind>) -> Scheduler {
+    decoding_with_events(n, steps, layers, false)
+}
+
+/// [`decoding`] with the core collecting KV events (`kv.enable_events`) when `events`.
+pub fn decoding_with_events(n: u32, steps: u32, layers: Vec<LayerKind>, events: bool) -> Scheduler {
     let bs = 16;
     let len = 128 + steps + 16;
     let mut c = SchedulerConfig::new(layers, bs, n * len.div_ceil(bs) + 64).unwrap();
     c.max_num_seqs = n;
     c.max_model_len = len;
+    c.kv.enable_events = events;
     let mut s = Scheduler::new(c).unwrap();
     for i in 0..n {
         let prompt = (0..128)

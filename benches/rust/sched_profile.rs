@@ -10,28 +10,38 @@
 //!
 //! Instruction counts (callgrind `Ir`) are deterministic, so before/after comparisons on a shared,
 //! noisy machine are exact ratios. Without a profiler it prints thread CPU µs per step.
-//! Options: `--layout full|gemma3n` (default gemma3n), `--n N` (256), `--steps K` (1024).
+//! Options: `--layout full|gemma3n` (default gemma3n), `--n N` (256), `--steps K` (1024),
+//! `--events` (the core collects KV events and hands them over after every step by buffer swap,
+//! as a running publisher takes them: the core's share of publishing events).
 
 #[path = "cpu_time.rs"]
 mod cpu_time;
 #[path = "decode_setup.rs"]
 mod decode_setup;
 
-use decode_setup::{decoding, full, gemma3n};
+use decode_setup::{decoding_with_events, full, gemma3n};
+use yoco_core::kv::KvEventBatch;
 use yoco_core::sched::Scheduler;
 
-/// The measured region: `steps` decode steps (`schedule()` + `update()`).
+/// The measured region: `steps` decode steps (`schedule()` + `update()`), plus the hand-over of
+/// the step's KV events when `events` (swapping with the batch taken the step before, as a
+/// publisher that returns its emptied batches does).
 #[inline(never)]
-fn measured_steps(s: &mut Scheduler, sampled: &[i32], steps: u32) {
+fn measured_steps(s: &mut Scheduler, sampled: &[i32], steps: u32, events: bool) {
+    let mut spare = KvEventBatch::new();
     for _ in 0..steps {
         s.schedule();
         s.update(sampled).unwrap();
+        if events && s.has_kv_events() {
+            spare = s.swap_kv_events(spare);
+        }
     }
 }
 
 fn main() {
     let mut layout = "gemma3n".to_string();
     let (mut n, mut steps) = (256u32, 1024u32);
+    let mut events = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("option needs a value");
@@ -39,8 +49,11 @@ fn main() {
             "--layout" => layout = val(),
             "--n" => n = val().parse().expect("--n N"),
             "--steps" => steps = val().parse().expect("--steps K"),
+            "--events" => events = true,
             "--bench" => {} // cargo bench passes it
-            other => panic!("unknown option {other} (--layout full|gemma3n, --n N, --steps K)"),
+            other => {
+                panic!("unknown option {other} (--layout full|gemma3n, --n N, --steps K, --events)")
+            }
         }
     }
     let layers = match layout.as_str() {
@@ -48,10 +61,10 @@ fn main() {
         "gemma3n" => gemma3n(),
         other => panic!("--layout {other}: full or gemma3n"),
     };
-    let mut s = decoding(n, steps, layers.clone());
+    let mut s = decoding_with_events(n, steps, layers.clone(), events);
     let sampled = vec![100i32; n as usize];
     let t = cpu_time::thread_ns();
-    measured_steps(&mut s, &sampled, steps);
+    measured_steps(&mut s, &sampled, steps, events);
     let ns = cpu_time::thread_ns() - t;
     assert_eq!(
         s.stats().num_running,
@@ -59,7 +72,7 @@ fn main() {
         "no request finished or was preempted"
     );
     // The halves, timed separately on a fresh run (two more clock reads per step).
-    let mut s = decoding(n, steps, layers);
+    let mut s = decoding_with_events(n, steps, layers, events);
     let (mut sched_ns, mut update_ns) = (0, 0);
     // By step phase modulo the block size: the lockstep requests all complete a block together.
     let mut phase = [(0u64, 0u64); 16];
@@ -86,7 +99,7 @@ fn main() {
     }
     let per = |x: u64| x as f64 / steps as f64 / 1e3;
     println!(
-        "layout {layout}, N {n}, {steps} steps: {:.2} us/step (thread CPU); schedule {:.2} + update {:.2}",
+        "layout {layout}, N {n}, {steps} steps, events {events}: {:.2} us/step (thread CPU); schedule {:.2} + update {:.2}",
         per(ns),
         per(sched_ns),
         per(update_ns)

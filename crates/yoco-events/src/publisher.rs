@@ -2,8 +2,10 @@
 //! that converts, encodes and sends (`[topic, seq (8-byte big-endian), payload]` on a PUB socket)
 //! and answers replay requests on a ROUTER socket from the last `buffer_steps` batches.
 //!
-//! The step loop pays one `try_send` per step with events (and a group filter over the step's
-//! events); conversion to the wire grain and msgpack encoding run on the publisher thread.
+//! The step loop pays one uncontended lock per step with events: it pushes the step's
+//! [`KvEventBatch`] (flat buffers, swapped out of the core) and takes back an emptied batch the
+//! publisher thread returned, so steady state allocates nothing. Conversion to the wire grain and
+//! msgpack encoding run on the publisher thread, one `KVEventBatch` (one `seq`) per step, as vLLM.
 //! When the queue is full the batch is dropped and counted, and the next batch that gets through
 //! starts with `AllBlocksCleared` so that consumers forget what they may have missed (sound: they
 //! under-estimate this engine's cache, never over-estimate it).
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::runtime::Runtime;
-use yoco_core::kv::KvEvent;
+use yoco_core::kv::KvEventBatch;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::config::PublisherConfig;
@@ -55,7 +57,20 @@ pub struct PublisherStats {
 
 struct Job {
     ts: f64,
-    events: Vec<KvEvent>,
+    batch: KvEventBatch,
+    /// Batches were dropped before this one: consumers must forget this engine's blocks first.
+    resync: bool,
+}
+
+/// Emptied batches the publisher thread keeps for the step loop to reuse.
+const SPARES: usize = 8;
+
+/// What the step loop and the publisher thread share under one lock.
+#[derive(Default)]
+struct Shared {
+    jobs: VecDeque<Job>,
+    /// Emptied batches, handed back to the step loop by `publish`.
+    spares: Vec<KvEventBatch>,
 }
 
 /// How often the publisher thread looks at the queue. Polling instead of a wake-up per batch keeps
@@ -65,7 +80,7 @@ const POLL: Duration = Duration::from_millis(1);
 
 /// The queue between the step loop and the publisher thread (bounded by `max_queue_size`).
 struct Queue {
-    jobs: Mutex<VecDeque<Job>>,
+    shared: Mutex<Shared>,
     capacity: usize,
     /// Set by `shutdown`: the drain task sends what is left and stops.
     closed: std::sync::atomic::AtomicBool,
@@ -118,7 +133,7 @@ impl Publisher {
             .build()?;
         let (pub_socket, replay) = runtime.block_on(open_sockets(&cfg))?;
         let queue = Arc::new(Queue {
-            jobs: Mutex::new(VecDeque::new()),
+            shared: Mutex::new(Shared::default()),
             capacity: cfg.max_queue_size.max(1),
             closed: std::sync::atomic::AtomicBool::new(false),
             finished: std::sync::atomic::AtomicBool::new(false),
@@ -149,26 +164,30 @@ impl Publisher {
         })
     }
 
-    /// Queues one step's events without blocking (dropped and counted when the queue is full).
-    pub fn publish(&mut self, mut events: Vec<KvEvent>) {
-        events.retain(|e| self.regrain.wants(e));
-        if events.is_empty() {
-            return;
+    /// Queues one step's events without blocking (dropped and counted when the queue is full) and
+    /// returns an empty batch for the core to collect the next step's events into (one the
+    /// publisher thread has finished with, when there is one).
+    pub fn publish(&mut self, mut batch: KvEventBatch) -> KvEventBatch {
+        if !batch.iter().any(|e| self.regrain.wants(&e))
+            || self.queue.closed.load(Ordering::Relaxed)
+        {
+            batch.clear();
+            return batch;
         }
-        if self.resync && events.first() != Some(&KvEvent::AllCleared) {
-            events.insert(0, KvEvent::AllCleared);
-        }
-        if self.queue.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut jobs = self.queue.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if jobs.len() < self.queue.capacity {
-            jobs.push_back(Job { ts: now(), events });
-            self.resync = false;
+        let mut shared = self.queue.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.jobs.len() < self.queue.capacity {
+            shared.jobs.push_back(Job {
+                ts: now(),
+                batch,
+                resync: std::mem::take(&mut self.resync),
+            });
+            shared.spares.pop().unwrap_or_default()
         } else {
-            drop(jobs);
+            drop(shared);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             self.resync = true;
+            batch.clear();
+            batch
         }
     }
 
@@ -266,23 +285,26 @@ async fn drain(
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut seq: u64 = 0;
     let mut wire: Vec<WireEvent> = Vec::new();
-    let mut batch: VecDeque<Job> = VecDeque::new();
+    let mut jobs: VecDeque<Job> = VecDeque::new();
     loop {
         std::mem::swap(
-            &mut batch,
-            &mut *queue.jobs.lock().unwrap_or_else(|p| p.into_inner()),
+            &mut jobs,
+            &mut queue.shared.lock().unwrap_or_else(|p| p.into_inner()).jobs,
         );
-        if batch.is_empty() {
+        if jobs.is_empty() {
             if queue.closed.load(Ordering::Relaxed) {
                 break;
             }
             tokio::time::sleep(POLL).await;
             continue;
         }
-        for job in batch.drain(..) {
+        for job in &jobs {
             wire.clear();
-            for e in &job.events {
-                regrain.convert(e, &mut wire);
+            if job.resync {
+                wire.push(WireEvent::AllBlocksCleared);
+            }
+            for e in job.batch.iter() {
+                regrain.convert(&e, &mut wire);
             }
             if wire.is_empty() {
                 continue;
@@ -309,6 +331,14 @@ async fn drain(
                 buf.push_back((seq, payload));
             }
             seq += 1;
+        }
+        // Hand the emptied batches back for the step loop to reuse.
+        let mut shared = queue.shared.lock().unwrap_or_else(|p| p.into_inner());
+        for mut job in jobs.drain(..) {
+            if shared.spares.len() < SPARES {
+                job.batch.clear();
+                shared.spares.push(job.batch);
+            }
         }
     }
     socket.close().await;

@@ -14,7 +14,7 @@
 //! attention), one group is published (the first full-attention group by default): its index is
 //! what bounds a servable prefix, and a consumer that saw every group would count each block twice.
 
-use yoco_core::kv::KvEvent;
+use yoco_core::kv::KvEventRef;
 
 /// One event as vLLM defines it (`vllm/distributed/kv_events.py`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,11 +84,9 @@ impl Regrain {
 
     /// Whether events of `group` are published at all (checked before queueing, so the step
     /// thread does not ship events the publisher would discard).
-    pub fn wants(&self, event: &KvEvent) -> bool {
-        match (event, self.group) {
-            (KvEvent::Stored { group, .. } | KvEvent::Removed { group, .. }, Some(g)) => {
-                *group == g
-            }
+    pub fn wants(&self, event: &KvEventRef<'_>) -> bool {
+        match (event.group(), self.group) {
+            (Some(group), Some(g)) => group == g,
             _ => true,
         }
     }
@@ -103,13 +101,13 @@ impl Regrain {
     }
 
     /// Appends the wire form of `event` to `out` (nothing for a group that is not published).
-    pub fn convert(&self, event: &KvEvent, out: &mut Vec<WireEvent>) {
+    pub fn convert(&self, event: &KvEventRef<'_>, out: &mut Vec<WireEvent>) {
         if !self.wants(event) {
             return;
         }
         let group_idx = |g: u32| if self.group.is_some() { None } else { Some(g) };
-        match event {
-            KvEvent::Stored {
+        match *event {
+            KvEventRef::Stored {
                 group,
                 parent,
                 hashes,
@@ -120,21 +118,21 @@ impl Regrain {
                 self.expand(hashes, &mut block_hashes);
                 out.push(WireEvent::BlockStored {
                     block_hashes,
-                    parent_block_hash: *parent,
-                    token_ids: token_ids.clone(),
+                    parent_block_hash: parent,
+                    token_ids: token_ids.to_vec(),
                     block_size: self.wire,
-                    group_idx: group_idx(*group),
+                    group_idx: group_idx(group),
                 });
             }
-            KvEvent::Removed { group, hashes } => {
+            KvEventRef::Removed { group, hashes } => {
                 let mut block_hashes = Vec::new();
                 self.expand(hashes, &mut block_hashes);
                 out.push(WireEvent::BlockRemoved {
                     block_hashes,
-                    group_idx: group_idx(*group),
+                    group_idx: group_idx(group),
                 });
             }
-            KvEvent::AllCleared => out.push(WireEvent::AllBlocksCleared),
+            KvEventRef::AllCleared => out.push(WireEvent::AllBlocksCleared),
         }
     }
 }
@@ -142,6 +140,7 @@ impl Regrain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use yoco_core::kv::KvEvent;
 
     fn stored(group: u32, parent: Option<u64>, hashes: Vec<u64>, block_size: u32) -> KvEvent {
         let n = hashes.len() as u32 * block_size;
@@ -158,7 +157,7 @@ mod tests {
     fn equal_grains_pass_hashes_through() {
         let r = Regrain::new(16, 16, Some(0)).unwrap();
         let mut out = Vec::new();
-        r.convert(&stored(0, Some(9), vec![1, 2], 16), &mut out);
+        r.convert(&stored(0, Some(9), vec![1, 2], 16).as_ref(), &mut out);
         assert_eq!(
             out,
             vec![WireEvent::BlockStored {
@@ -175,7 +174,7 @@ mod tests {
     fn a_sub_block_of_128_becomes_8_wire_blocks_of_16_ending_in_its_own_hash() {
         let r = Regrain::new(128, 16, Some(0)).unwrap();
         let mut out = Vec::new();
-        r.convert(&stored(0, Some(7), vec![100, 200], 128), &mut out);
+        r.convert(&stored(0, Some(7), vec![100, 200], 128).as_ref(), &mut out);
         let WireEvent::BlockStored {
             block_hashes,
             parent_block_hash,
@@ -206,7 +205,8 @@ mod tests {
             &KvEvent::Removed {
                 group: 0,
                 hashes: vec![200, 100],
-            },
+            }
+            .as_ref(),
             &mut out,
         );
         let WireEvent::BlockRemoved {
@@ -226,17 +226,18 @@ mod tests {
     fn only_the_published_group_goes_out_and_without_a_group_tag() {
         let r = Regrain::new(4, 4, Some(1)).unwrap();
         let mut out = Vec::new();
-        r.convert(&stored(0, None, vec![1], 4), &mut out);
+        r.convert(&stored(0, None, vec![1], 4).as_ref(), &mut out);
         r.convert(
             &KvEvent::Removed {
                 group: 0,
                 hashes: vec![1],
-            },
+            }
+            .as_ref(),
             &mut out,
         );
         assert!(out.is_empty());
-        r.convert(&stored(1, None, vec![1], 4), &mut out);
-        r.convert(&KvEvent::AllCleared, &mut out);
+        r.convert(&stored(1, None, vec![1], 4).as_ref(), &mut out);
+        r.convert(&KvEventRef::AllCleared, &mut out);
         assert!(matches!(
             out[0],
             WireEvent::BlockStored {
@@ -247,7 +248,7 @@ mod tests {
         assert_eq!(out[1], WireEvent::AllBlocksCleared);
         let all = Regrain::new(4, 4, None).unwrap();
         out.clear();
-        all.convert(&stored(3, None, vec![1], 4), &mut out);
+        all.convert(&stored(3, None, vec![1], 4).as_ref(), &mut out);
         assert!(matches!(
             out[0],
             WireEvent::BlockStored {

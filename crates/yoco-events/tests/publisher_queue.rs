@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use yoco_core::kv::KvEvent;
+use yoco_core::kv::{KvEvent, KvEventBatch};
 use yoco_events::{Publisher, PublisherConfig};
 
 fn free_port() -> u16 {
@@ -34,7 +34,7 @@ fn a_full_queue_drops_batches_without_blocking_and_counts_them() {
     let n = 20_000u64;
     let t = Instant::now();
     for i in 0..n {
-        p.publish(vec![stored(i)]);
+        p.publish(KvEventBatch::from_events(&[stored(i)]));
     }
     let per_call = t.elapsed() / n as u32;
     assert!(
@@ -60,7 +60,7 @@ fn events_of_unpublished_groups_are_not_queued() {
     cfg.endpoint = format!("tcp://*:{}", free_port());
     cfg.group = Some(1);
     let mut p = Publisher::start(cfg).unwrap();
-    p.publish(vec![stored(1)]); // group 0
+    p.publish(KvEventBatch::from_events(&[stored(1)])); // group 0
     p.shutdown(Duration::from_secs(5));
     assert_eq!((p.published(), p.dropped()), (0, 0));
 }

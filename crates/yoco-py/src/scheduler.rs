@@ -6,7 +6,7 @@ use numpy::PyReadonlyArray1;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use yoco_core::kv::{kv_groups, HashExtras, KvConfig};
+use yoco_core::kv::{kv_groups, HashExtras, KvConfig, KvEventBatch};
 use yoco_core::sched::{self as core, FinishReason, NewRequest, SchedulerConfig};
 
 use crate::arrays::view2;
@@ -22,15 +22,17 @@ pub struct Scheduler {
     outcome_bin: Bin<core::StepOutcome>,
     /// KV-event publisher fed after every `update` (and reset), once `start_kv_events` ran.
     kv_publisher: Option<yoco_events::Publisher>,
+    /// The empty batch the core collects into next (swapped with the full one at each hand-off).
+    kv_spare: KvEventBatch,
 }
 
 impl Scheduler {
     /// Hands the events collected since the last call to the publisher, if one runs.
     fn publish_kv_events(&mut self) {
         if let Some(p) = &mut self.kv_publisher {
-            let events = self.inner.take_kv_events();
-            if !events.is_empty() {
-                p.publish(events);
+            if self.inner.has_kv_events() {
+                let spare = std::mem::take(&mut self.kv_spare);
+                self.kv_spare = p.publish(self.inner.swap_kv_events(spare));
             }
         }
     }
@@ -108,6 +110,7 @@ impl Scheduler {
             plan_bin: Bin::default(),
             outcome_bin: Bin::default(),
             kv_publisher: None,
+            kv_spare: KvEventBatch::new(),
         })
     }
 

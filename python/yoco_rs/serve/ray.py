@@ -22,7 +22,9 @@ several replicas share cores.
 Needs ``ray[serve]`` and ``pyarrow`` (the prefix router's module imports it).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: FastAPI reads the ingress methods' annotations at
+# route registration, and `Request` is imported inside `build_app`, so a string annotation would not
+# resolve and FastAPI would take `request` for a required query parameter (every call a 422).
 
 import os
 from typing import Any, Optional

@@ -11,7 +11,9 @@ use super::index::SubBlockIndex;
 use super::lookup;
 use super::pool::BlockPool;
 use super::seq::SeqKv;
-use super::{BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvGroup, KvMetrics, PrefixHit};
+use super::{
+    BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvEventBatch, KvGroup, KvMetrics, PrefixHit,
+};
 use crate::error::{Error, Result};
 
 mod allocate;
@@ -171,12 +173,16 @@ impl KvManager {
         if !self.config.enable_prefix_caching {
             return;
         }
-        if self.config.enable_events && tokens.len() > seq.tokens.len() {
-            seq.tokens.extend_from_slice(&tokens[seq.tokens.len()..]);
-        }
         // Most calls (one decode token) complete no sub-block: skip the chain walk.
         if tokens.len() >= (seq.hashes.len() + 1) * self.sbs {
             extend_chain(&self.root, &seq.extras, self.sbs, tokens, &mut seq.hashes);
+            // Events name the tokens of hashed sub-blocks only: copy them as sub-blocks complete,
+            // not per decode token.
+            let hashed = seq.hashes.len() * self.sbs;
+            if self.config.enable_events && hashed > seq.tokens.len() {
+                seq.tokens
+                    .extend_from_slice(&tokens[seq.tokens.len()..hashed]);
+            }
         }
     }
 
@@ -189,9 +195,21 @@ impl KvManager {
         lookup::find_longest_hit(self, &seq.hashes, num_tokens)
     }
 
-    /// Events collected since the last call (always empty unless `enable_events`).
+    /// Events collected since the last call (always empty unless `enable_events`), owned.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         self.events.take()
+    }
+
+    /// Events collected since the last call, handed over by swapping buffers: collection
+    /// continues into `spare` (emptied first), so a publisher that returns the batches it has sent
+    /// keeps the step loop free of allocation.
+    pub fn swap_events(&mut self, spare: KvEventBatch) -> KvEventBatch {
+        self.events.swap(spare)
+    }
+
+    /// Whether events are pending (cheap: lets the caller skip a hand-over).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// Events the bounded event log discarded because nobody took them in time (it then reports

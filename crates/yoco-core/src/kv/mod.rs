@@ -117,7 +117,8 @@
 //! state, construction, hashing, lookup, metrics) with `manager/allocate.rs` (admission, growth,
 //! copy-on-match, adoption), `manager/commit.rs` (deferred indexing, copy-op hand-off) and
 //! `manager/release.rs` (frees, window release, eviction, reset), `inspect.rs` (introspection,
-//! `check_invariants`), `seq.rs` (per-request state), `events.rs`.
+//! `check_invariants`), `seq.rs` (per-request state), `events.rs` (KV events and their bounded
+//! log), `event_batch.rs` (the flat buffers events are recorded into).
 //!
 //! # Changes to the contract
 //!
@@ -136,6 +137,7 @@
 //! a pool pop / push. Index lists live in flat, lazily allocated chunks (no allocation per block).
 //! `benches/RESULTS.md`, "Scheduler", has the before/after figures.
 
+mod event_batch;
 mod events;
 mod groups;
 mod hashing;
@@ -146,6 +148,7 @@ mod manager;
 mod pool;
 mod seq;
 
+pub use event_batch::{KvEventBatch, KvEventRef};
 pub use events::{KvEvent, DEFAULT_EVENT_LOG_CAPACITY};
 pub use groups::{kv_groups, AttnKind, KvGroup, LayerKind};
 pub use hashing::{root_hash, BlockHash, DEFAULT_HASH_SEED};

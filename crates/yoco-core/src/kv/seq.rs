@@ -19,7 +19,8 @@ pub struct SeqKv {
     pub(crate) skip_prefix_read: bool,
     /// Length of the token list last passed to `hash_tokens`.
     pub(crate) num_tokens: usize,
-    /// The request's tokens (kept only when events are on: `Stored` carries token ids).
+    /// The tokens of the hashed sub-blocks, `hashes.len() * sub_block_size` of them (kept only when
+    /// events are on: `Stored` carries token ids).
     pub(crate) tokens: Vec<u32>,
     /// Tokens with KV, as of the last `commit_computed`.
     pub(crate) num_committed: usize,

@@ -17,7 +17,7 @@ use super::state::{Req, Status, NO_ROW};
 use super::table::BlockTables;
 use super::validate;
 use crate::error::{Error, Result};
-use crate::kv::{kv_groups, KvEvent, KvGroup, KvManager, KvMetrics};
+use crate::kv::{kv_groups, KvEvent, KvEventBatch, KvGroup, KvManager, KvMetrics};
 
 /// Scheduler statistics the engine exports.
 #[derive(Debug, Clone, Copy, Default)]
@@ -292,6 +292,17 @@ impl Scheduler {
     /// `kv.enable_events`).
     pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
         self.kv.take_events()
+    }
+
+    /// KV events since the last call by buffer swap (see [`KvManager::swap_events`]): the
+    /// publisher's path, free of per-event work on the step thread.
+    pub fn swap_kv_events(&mut self, spare: KvEventBatch) -> KvEventBatch {
+        self.kv.swap_events(spare)
+    }
+
+    /// Whether KV events are pending.
+    pub fn has_kv_events(&self) -> bool {
+        self.kv.has_events()
     }
 
     /// KV events dropped because nobody took them before the bounded log filled up.

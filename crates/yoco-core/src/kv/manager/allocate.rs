@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::{cdiv, KvManager};
 use crate::kv::lookup::GroupHit;
 use crate::kv::seq::SeqKv;
-use crate::kv::{Allocation, BlockId, CopyOp, NoSpace, PrefixHit, NULL_BLOCK};
+use crate::kv::{Allocation, BlockHash, BlockId, CopyOp, NoSpace, PrefixHit, NULL_BLOCK};
 
 impl KvManager {
     /// Makes `seq`'s tables cover `num_computed + num_new` tokens, where `num_computed` already
@@ -294,8 +294,8 @@ impl KvManager {
             self.orphans.clear();
             self.indexes[g].pop(b, &mut self.orphans);
             if self.config.enable_events {
-                let hs = self.orphans.iter().map(|h| h.to_u64()).collect();
-                self.events.removed(g as u32, hs);
+                self.events
+                    .removed(g as u32, self.orphans.iter().map(BlockHash::to_u64));
             }
         }
         b

@@ -2,11 +2,9 @@
 //! never copies KV that is not written yet), and the copy ops' hand-off to the plan and unpinning
 //! once the executor ran them.
 
-use smallvec::SmallVec;
-
 use super::{cdiv, KvManager};
 use crate::kv::seq::SeqKv;
-use crate::kv::{CopyOp, NULL_BLOCK};
+use crate::kv::{BlockHash, CopyOp, NULL_BLOCK};
 
 impl KvManager {
     /// After the step executed: `seq` now has KV for its first `num_computed` tokens. Indexes newly
@@ -52,12 +50,10 @@ impl KvManager {
                 let fresh = lo + self.indexes[g].extend(blk, &seq.hashes[lo..hi]);
                 if self.config.enable_events && fresh < hi {
                     let parent = (fresh > 0).then(|| seq.hashes[fresh - 1].to_u64());
-                    let hs: SmallVec<[u64; 32]> =
-                        seq.hashes[fresh..hi].iter().map(|h| h.to_u64()).collect();
                     self.events.stored(
                         g as u32,
                         parent,
-                        &hs,
+                        seq.hashes[fresh..hi].iter().map(BlockHash::to_u64),
                         &seq.tokens[fresh * sbs..hi * sbs],
                         sbs as u32,
                     );

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::KvManager;
 use crate::kv::seq::SeqKv;
-use crate::kv::{BlockId, NULL_BLOCK};
+use crate::kv::{BlockHash, BlockId, NULL_BLOCK};
 
 impl KvManager {
     /// Returns all of `seq`'s blocks (finish, preemption, abort), tail first; a partial tail that
@@ -91,8 +91,8 @@ impl KvManager {
             self.orphans.clear();
             self.indexes[g].pop(b, &mut self.orphans);
             if self.config.enable_events {
-                let hs = self.orphans.iter().map(|h| h.to_u64()).collect();
-                self.events.removed(g as u32, hs);
+                self.events
+                    .removed(g as u32, self.orphans.iter().map(BlockHash::to_u64));
             }
             if self.pools[g].ref_count(b) == 0 {
                 self.cached_free[g] -= 1;
