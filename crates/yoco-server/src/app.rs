@@ -117,6 +117,7 @@ pub fn router(cfg: AppConfig, engines: impl Into<Engines>, tok: Tokenizer) -> Ro
         .route("/ping", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .layer(middleware::from_fn(json_only))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -136,6 +137,41 @@ pub async fn serve_router(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// 415 for a request body sent with a Content-Type other than JSON. A web page may send a "simple"
+/// cross-origin POST (`text/plain`, form encodings: no CORS preflight) to a local server; refusing
+/// those bodies means no page can drive the API. A body without a Content-Type is read as JSON.
+async fn json_only(req: Request, next: Next) -> Response {
+    let m = req.method();
+    if m == axum::http::Method::POST
+        || m == axum::http::Method::PUT
+        || m == axum::http::Method::PATCH
+    {
+        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+            let raw = String::from_utf8_lossy(ct.as_bytes()).into_owned();
+            let media = raw
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            let json = media == "application/json"
+                || (media.starts_with("application/") && media.ends_with("+json"));
+            if !json {
+                let shown: String = raw.chars().take(100).collect();
+                return ApiError::status(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    format!(
+                        "Content-Type {shown:?} is not supported: send the body as JSON with \
+                             'Content-Type: application/json'"
+                    ),
+                )
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {

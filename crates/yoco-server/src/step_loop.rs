@@ -364,7 +364,14 @@ impl StepLoop {
             let token_id = (tok >= 0).then_some(tok as u32);
             if fin[k] == 0 {
                 if l.stream {
-                    self.outbox.push((id, Event::Delta { token_id, text: delta }, None));
+                    self.outbox.push((
+                        id,
+                        Event::Delta {
+                            token_id,
+                            text: delta,
+                        },
+                        None,
+                    ));
                 }
                 continue;
             }

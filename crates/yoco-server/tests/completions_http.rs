@@ -349,3 +349,33 @@ fn oversized_body_is_413_and_missing_key_is_401() {
     assert_eq!(s.get("/health").0, 200);
     assert_eq!(s.get("/metrics").0, 200);
 }
+
+#[test]
+fn bodies_that_are_not_json_are_refused_with_415() {
+    let s = TestServer::start(Opts::default());
+    for ct in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let (st, b) = s.post_with(
+            "/v1/completions",
+            r#"{"prompt": "x", "max_tokens": 1}"#,
+            &[("content-type", ct)],
+        );
+        assert_eq!(st, 415, "{ct}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["error"]["type"], "UnsupportedMediaTypeError");
+    }
+    let (st, _) = s.post_with(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 1}"#,
+        &[("content-type", "application/json; charset=utf-8")],
+    );
+    assert_eq!(st, 200);
+    assert_eq!(
+        s.metric("yoco:prompt_tokens_total"),
+        encode("x").len() as f64,
+        "only the JSON request ran"
+    );
+}

@@ -164,6 +164,8 @@ fn memory_pressure_preempts_without_changing_any_output() {
         num_blocks: 24,
         max_num_seqs: 8,
         max_model_len: 128,
+        // A forward long enough that all eight are running together (each needs 60 steps).
+        forward: Duration::from_millis(3),
         ..Default::default()
     });
     let solo = TestServer::start(Opts::default());

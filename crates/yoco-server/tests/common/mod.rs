@@ -155,7 +155,13 @@ impl TestServer {
     }
 
     pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String) {
-        let mut b = Request::post(self.url(path)).header("content-type", "application/json");
+        let mut b = Request::post(self.url(path));
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            b = b.header("content-type", "application/json");
+        }
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
