@@ -90,6 +90,10 @@ pub struct MockExecutor {
     /// Per token (group-major) values of the current step, KV mode.
     vals: Vec<u64>,
     out: Vec<i32>,
+    /// The previous step's sampled ids: the source of a plan's placeholder inputs.
+    prev: Vec<i32>,
+    /// The plan's input ids with placeholders filled (async plans only).
+    ids: Vec<i32>,
     modelled_us: f64,
 }
 
@@ -104,6 +108,8 @@ impl MockExecutor {
             timing: TimingModel::default(),
             vals: Vec::new(),
             out: Vec::new(),
+            prev: Vec::new(),
+            ids: Vec::new(),
             modelled_us: 0.0,
         }
     }
@@ -166,11 +172,22 @@ impl MockExecutor {
     }
 
     /// Runs `plan` and returns one sampled token per `logits_indices` entry. `tables[g]` is the
-    /// persistent block table of group g (only read in KV mode; pass `&[]` otherwise).
+    /// persistent block table of group g (only read in KV mode; pass `&[]` otherwise). A plan's
+    /// placeholder inputs (async scheduling) are filled from the ids the previous call sampled, as
+    /// a device executor fills them from its previous step's output.
     pub fn sample(&mut self, plan: &StepPlan, tables: &[&[i32]]) -> &[i32] {
+        std::mem::swap(&mut self.out, &mut self.prev);
         self.out.clear();
+        let ids: &[i32] = if plan.num_placeholders() == 0 {
+            &plan.input_ids
+        } else {
+            self.ids.clear();
+            self.ids.extend_from_slice(&plan.input_ids);
+            plan.fill_placeholders(&mut self.ids, &self.prev);
+            &self.ids
+        };
         if let Some(kv) = self.kv.as_mut() {
-            kv.run(plan, tables, &mut self.vals);
+            kv.run(plan, ids, tables, &mut self.vals);
             let t = plan.num_tokens_padded as usize;
             let groups = kv.slots.len();
             for &i in &plan.logits_indices {
@@ -183,7 +200,7 @@ impl MockExecutor {
         } else {
             for &i in &plan.logits_indices {
                 let i = i as usize;
-                let v = mix3(SEED, plan.input_ids[i] as u32, plan.positions[i] as u64);
+                let v = mix3(SEED, ids[i] as u32, plan.positions[i] as u64);
                 self.out.push(self.token_of(v) as i32);
             }
         }
@@ -229,7 +246,7 @@ impl SimKv {
         Some(block as usize * bs as usize + (pos % bs) as usize)
     }
 
-    fn run(&mut self, plan: &StepPlan, tables: &[&[i32]], vals: &mut Vec<u64>) {
+    fn run(&mut self, plan: &StepPlan, ids: &[i32], tables: &[&[i32]], vals: &mut Vec<u64>) {
         let bs = self.block_size as usize;
         for op in plan.kv_copies.chunks_exact(4) {
             let (g, src, dst, n) = (
@@ -256,7 +273,7 @@ impl SimKv {
                         self.slot_of(table, row, pos - 1)
                             .map_or(POISON, |s| self.slots[g][s])
                     };
-                    let v = mix3(prev, plan.input_ids[t] as u32, pos as u64);
+                    let v = mix3(prev, ids[t] as u32, pos as u64);
                     let s = plan.slot_mapping[g * t_pad + t] as usize;
                     // The write must land where the table says this position lives.
                     let expect = self.slot_of(table, row, pos);

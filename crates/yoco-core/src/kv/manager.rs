@@ -48,8 +48,11 @@ pub struct KvManager {
     queued_ops: Vec<CopyOp>,
     /// Pins of `queued_ops` (not yet taken).
     pub(crate) queued_pins: Vec<(u32, BlockId)>,
-    /// Pins of ops taken for the step in flight.
+    /// Pins of ops taken for the steps in flight, oldest step first.
     pub(crate) inflight_pins: Vec<(u32, BlockId)>,
+    /// How many of `inflight_pins` each [`KvManager::take_copy_ops`] call took, oldest first (one
+    /// entry per step in flight: two with async scheduling).
+    inflight_counts: std::collections::VecDeque<usize>,
     events: EventLog,
     counters: Counters,
     orphans: Vec<BlockHash>,
@@ -124,6 +127,7 @@ impl KvManager {
             queued_ops: Vec::new(),
             queued_pins: Vec::new(),
             inflight_pins: Vec::new(),
+            inflight_counts: std::collections::VecDeque::with_capacity(2),
             events: EventLog::default(),
             counters: Counters::default(),
             orphans: Vec::new(),

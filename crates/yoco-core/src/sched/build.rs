@@ -29,6 +29,8 @@ impl StepPlan {
             input_ids,
             positions,
             slot_mapping,
+            placeholder_indices,
+            placeholder_sources,
             kv_copies,
             logits_indices,
             sample_rows,
@@ -49,6 +51,8 @@ impl StepPlan {
         input_ids.clear();
         positions.clear();
         slot_mapping.clear();
+        placeholder_indices.clear();
+        placeholder_sources.clear();
         kv_copies.clear();
         logits_indices.clear();
         sample_rows.clear();
@@ -103,7 +107,9 @@ impl Scheduler {
         p.slot_mapping.resize(groups * t_pad as usize, 0);
         p.query_start_loc.push(0);
         p.cross_query_start_loc.push(0);
-        self.pending.clear();
+        let mut pending = self.spare_pending.pop().unwrap_or_default();
+        pending.rows.clear();
+        pending.rows.reserve(num_rows);
 
         let mut t0 = 0u32;
         for k in 0..num_rows {
@@ -115,8 +121,9 @@ impl Scheduler {
             let row = r.row;
             let start = r.num_computed;
             let end = start + sc.num_new;
-            let num_tokens = r.num_tokens();
-            let samples = end == num_tokens;
+            // Known tokens; positions from `known` on are placeholders (async scheduling).
+            let known = r.num_tokens();
+            let samples = end == known + r.placeholders;
 
             // Persistent block tables: whole rows for admitted requests, deltas otherwise.
             // Slots walk the table from the first position's block and offset (one division per
@@ -155,11 +162,23 @@ impl Scheduler {
             p.req_ids.push(r.id);
             p.req_rows.push(row as i32);
             p.seq_lens.push(end as i32);
-            p.input_ids.extend(
-                r.tokens[start as usize..end as usize]
-                    .iter()
-                    .map(|&x| x as i32),
-            );
+            if end <= known {
+                p.input_ids.extend(
+                    r.tokens[start as usize..end as usize]
+                        .iter()
+                        .map(|&x| x as i32),
+                );
+            } else {
+                // A decode on the token the previous plan samples for this request: the only
+                // placeholder it can have (at most one step runs ahead), its only scheduled token.
+                debug_assert!(
+                    r.placeholders == 1 && start == known && end == known + 1,
+                    "a placeholder row schedules exactly the one unknown token"
+                );
+                p.input_ids.push(0);
+                p.placeholder_indices.push(t0 as i32);
+                p.placeholder_sources.push(r.last_sample as i32);
+            }
             p.positions.extend((start..end).map(|x| x as i64));
             let t1 = t0 + sc.num_new;
             p.query_start_loc.push(t1 as i32);
@@ -174,6 +193,8 @@ impl Scheduler {
                 p.cross_indices.push(t1 as i32 - 1);
             }
             if samples {
+                r.last_sample = p.logits_indices.len() as u32;
+                r.placeholders += 1;
                 p.logits_indices.push(t1 as i32 - 1);
                 p.sample_rows.push(k as i32);
                 p.logits_cross_pos.push(p.cross_indices.len() as i32 - 1);
@@ -181,10 +202,12 @@ impl Scheduler {
             p.cross_query_start_loc.push(p.cross_indices.len() as i32);
 
             r.num_computed = end;
-            self.pending.push(Pending {
+            pending.rows.push(Pending {
                 slot: sc.slot,
                 seq_no: r.seq_no,
                 samples,
+                end,
+                preemptions: r.num_preemptions,
             });
             t0 = t1;
         }
@@ -199,16 +222,22 @@ impl Scheduler {
             p.cross_indices.resize(p.num_cross_padded as usize, last);
         }
 
-        for op in self.kv.take_copy_ops() {
-            p.kv_copies.extend_from_slice(&[
-                op.group as i32,
-                op.src as i32,
-                op.dst as i32,
-                op.num_tokens as i32,
-            ]);
+        if num_rows > 0 {
+            // Copy ops come only from admissions, so an empty plan has none (and needs no
+            // update, which releases the copy sources of its own step).
+            for op in self.kv.take_copy_ops() {
+                p.kv_copies.extend_from_slice(&[
+                    op.group as i32,
+                    op.src as i32,
+                    op.dst as i32,
+                    op.num_tokens as i32,
+                ]);
+            }
+            pending.samples = p.logits_indices.len();
+            self.pending.push_back(pending);
+        } else {
+            self.spare_pending.push(pending);
         }
-        self.pending_samples = p.logits_indices.len();
-        self.awaiting_update = num_rows > 0;
         self.plan = p;
     }
 }

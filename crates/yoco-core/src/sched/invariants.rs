@@ -49,12 +49,13 @@ pub(super) fn check(s: &Scheduler) -> Result<(), String> {
                 r.id, r.row
             ));
         }
-        if r.num_computed > r.num_tokens() {
+        if r.num_computed > r.num_tokens() + r.placeholders {
             return Err(format!(
-                "request {} computed {} of {} tokens",
+                "request {} computed {} of {} tokens (+{} placeholders)",
                 r.id,
                 r.num_computed,
-                r.num_tokens()
+                r.num_tokens(),
+                r.placeholders
             ));
         }
         let Some(seq) = r.kv.as_ref() else {
@@ -70,6 +71,34 @@ pub(super) fn check(s: &Scheduler) -> Result<(), String> {
         return Err(format!(
             "free rows {:?} do not complement running rows {rows:?}",
             s.free_rows
+        ));
+    }
+    // Placeholders are exactly the sampling rows of outstanding plans whose request is live.
+    let mut outstanding = vec![0u32; s.reqs.len()];
+    for step in &s.pending {
+        for p in step.rows.iter().filter(|p| p.samples) {
+            if s.reqs[p.slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.seq_no == p.seq_no)
+            {
+                outstanding[p.slot as usize] += 1;
+            }
+        }
+    }
+    for (slot, r) in s.reqs.iter().enumerate() {
+        if let Some(r) = r {
+            if r.placeholders != outstanding[slot] {
+                return Err(format!(
+                    "request {} has {} placeholders but {} sampling rows await update",
+                    r.id, r.placeholders, outstanding[slot]
+                ));
+            }
+        }
+    }
+    if s.pending.len() > 2 {
+        return Err(format!(
+            "{} plans await update (at most 2)",
+            s.pending.len()
         ));
     }
     let mut seen = HashSet::new();

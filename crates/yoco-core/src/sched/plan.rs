@@ -10,6 +10,8 @@
 //! tokens t = 0..T_pad input_ids[t], positions[t], slot_mapping[g * T_pad + t]   (t >= T: padding)
 //! samplers s = 0..S   logits_indices[s] (token index), sample_rows[s] (row), logits_cross_pos[s]
 //! cross x = 0..X_pad  cross_indices[x] (token index; x >= X repeats the last real index)
+//! holes p = 0..P      placeholder_indices[p] (token index), placeholder_sources[p] (previous
+//!                     step's sample index): async scheduling only
 //! ```
 //!
 //! Example: rows with 5, 1 and 3 scheduled tokens, where row 0 ends its prompt, row 1 decodes and
@@ -71,6 +73,16 @@ pub struct StepPlan {
     /// of token t in group g; padding tokens write to block 0 (slots `0..block_size`).
     pub slot_mapping: Vec<i64>,
 
+    // ---- placeholders (async scheduling; empty in synchronous mode) ---------------------------
+    /// `[P]` token indices whose input id is not known when the plan is built: it is the token the
+    /// previous step sampled for the row (`input_ids` holds 0 there). Ascending; one per row at
+    /// most, always the row's only scheduled token (a decode).
+    pub placeholder_indices: Vec<i32>,
+    /// `[P]` for each placeholder, the index into the previous step's sampled ids (that plan's
+    /// `logits_indices` order) to read: the executor sets
+    /// `input_ids[placeholder_indices[p]] = prev_sampled[placeholder_sources[p]]` before the forward.
+    pub placeholder_sources: Vec<i32>,
+
     // ---- KV copies, applied before the forward ------------------------------------------------
     /// `[C * 4]` rows of `(group, src_block, dst_block, num_tokens)`: copy token slots
     /// `0..num_tokens` of `src` to `dst` in every layer of `group`.
@@ -120,6 +132,25 @@ impl StepPlan {
     /// Number of sampling requests S.
     pub fn num_samples(&self) -> usize {
         self.logits_indices.len()
+    }
+
+    /// Number of placeholder inputs P (0 in synchronous mode).
+    pub fn num_placeholders(&self) -> usize {
+        self.placeholder_indices.len()
+    }
+
+    /// Writes the placeholder inputs into `input_ids` (a copy of this plan's, or this plan's own)
+    /// from the previous step's sampled ids: what a CPU executor does before the forward (a GPU
+    /// executor does the same gather on the device). Sources out of range are left at 0 (a failed
+    /// previous step; its requests were aborted, so the rows are discarded).
+    pub fn fill_placeholders(&self, input_ids: &mut [i32], prev_sampled: &[i32]) {
+        for (&t, &s) in self
+            .placeholder_indices
+            .iter()
+            .zip(&self.placeholder_sources)
+        {
+            input_ids[t as usize] = prev_sampled.get(s as usize).copied().unwrap_or(0);
+        }
     }
 }
 

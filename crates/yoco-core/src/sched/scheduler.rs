@@ -3,9 +3,16 @@
 //! One engine step is `schedule()` (decide, advance `num_computed`, build the [`StepPlan`]), the
 //! executor's forward, then `update(sampled)` (append, stop, index, free). The algorithm lives in
 //! `step.rs` (phases A/B), `build.rs` (phase C, the plan) and `update.rs`; requests in `state.rs`.
+//!
+//! Async scheduling (vLLM's `--async-scheduling`): [`Scheduler::schedule_ahead`] plans step N+1
+//! while step N still awaits its `update`, so the executor can start N+1 as soon as N's samples
+//! exist. A decode whose step-N token is unknown is scheduled on a *placeholder*: the plan's
+//! `placeholder_indices`/`placeholder_sources` tell the executor which input positions take which of
+//! step N's sampled ids (it fills them on the device). `update(N)` then resolves the placeholders;
+//! KV is indexed for the prefix cache only up to what step N computed from known tokens.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
@@ -41,13 +48,28 @@ pub(super) struct Scheduled {
     pub admitted: bool,
 }
 
-/// One row of the plan awaiting `update`.
+/// One row of a plan awaiting `update`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pending {
     pub slot: u32,
     /// Generation check: the slot still holds the request that was scheduled.
     pub seq_no: u64,
     pub samples: bool,
+    /// The request's `num_computed` after this row: what the step has written KV for once it ran
+    /// (in async mode a later plan may have advanced `num_computed` further).
+    pub end: u32,
+    /// The request's preemption count when scheduled: a row whose request was preempted since
+    /// wrote KV into blocks it no longer holds, so nothing is committed for it.
+    pub preemptions: u32,
+}
+
+/// A plan handed out and not yet consumed by `update` (at most two: step N and, in async mode,
+/// step N+1).
+#[derive(Debug, Default)]
+pub(super) struct PendingStep {
+    pub rows: Vec<Pending>,
+    /// Sampling rows among `rows`: the length `update` expects.
+    pub samples: usize,
 }
 
 /// The engine's scheduler: owns the requests, the [`KvManager`] and the persistent block tables,
@@ -74,12 +96,11 @@ pub struct Scheduler {
     pub(super) num_preemptions: u64,
     /// The step being planned (running first, then admitted), reused across steps.
     pub(super) sched: Vec<Scheduled>,
-    /// The last plan's rows, for `update`.
-    pub(super) pending: Vec<Pending>,
-    /// Sampling rows among `pending`.
-    pub(super) pending_samples: usize,
-    /// A plan was handed out and `update` has not consumed it.
-    pub(super) awaiting_update: bool,
+    /// Plans handed out and not yet consumed by `update`, oldest first (empty plans are never
+    /// queued: they need no update).
+    pub(super) pending: VecDeque<PendingStep>,
+    /// Emptied `PendingStep` buffers, reused.
+    pub(super) spare_pending: Vec<PendingStep>,
 }
 
 impl Scheduler {
@@ -112,9 +133,8 @@ impl Scheduler {
             step_id: 0,
             num_preemptions: 0,
             sched: Vec::new(),
-            pending: Vec::new(),
-            pending_samples: 0,
-            awaiting_update: false,
+            pending: VecDeque::with_capacity(2),
+            spare_pending: Vec::new(),
         })
     }
 
@@ -163,21 +183,45 @@ impl Scheduler {
         self.remove(id)
     }
 
-    /// Plans the next step. An empty plan (R = 0) means nothing can run.
+    /// Plans the next step (synchronous mode). An empty plan (R = 0) means nothing can run.
     ///
     /// # Panics
     /// When the previous non-empty plan was not consumed by [`Scheduler::update`] (check
-    /// [`Scheduler::awaiting_update`]); overlapping steps are not supported.
+    /// [`Scheduler::awaiting_update`]); use [`Scheduler::schedule_ahead`] to overlap steps.
     pub fn schedule(&mut self) -> &StepPlan {
         assert!(
-            !self.awaiting_update,
+            self.pending.is_empty(),
             "schedule() called before update() consumed the previous plan"
         );
         self.schedule_step();
         &self.plan
     }
 
-    /// Applies the step's sampled tokens, one per sampling request in `sample_rows` order.
+    /// Plans step N+1 while step N's plan may still await its `update` (async scheduling). Running
+    /// decodes whose step-N token is not known yet are scheduled on placeholders (the plan's
+    /// `placeholder_indices` and `placeholder_sources`: the executor fills those input ids from
+    /// step N's sampled ids, in `logits_indices` order); KV slots are allocated as usual. A
+    /// request whose placeholder certainly ends it (its length limit) is not scheduled; one that
+    /// ends at N by EOS, a stop id or [`Scheduler::finish`] has its N+1 row discarded by `update`.
+    /// Requests admitted in this plan read only KV indexed before N ran (deferred indexing). With
+    /// no plan outstanding this is [`Scheduler::schedule`].
+    ///
+    /// The executor must run the plans in order on one stream: N+1 may reuse blocks that N's
+    /// finished or preempted requests held, and its KV copies and writes must follow N's reads.
+    ///
+    /// # Panics
+    /// When two plans already await `update` (at most one step runs ahead).
+    pub fn schedule_ahead(&mut self) -> &StepPlan {
+        assert!(
+            self.pending.len() <= 1,
+            "schedule_ahead() called with two plans awaiting update()"
+        );
+        self.schedule_step();
+        &self.plan
+    }
+
+    /// Applies the sampled tokens of the oldest plan awaiting update, one per sampling request in
+    /// its `sample_rows` order.
     pub fn update(&mut self, sampled: &[i32]) -> Result<&StepOutcome> {
         self.update_step(sampled)?;
         Ok(&self.outcome)
@@ -275,7 +319,27 @@ impl Scheduler {
 
     /// True between a non-empty `schedule` and its `update`.
     pub fn awaiting_update(&self) -> bool {
-        self.awaiting_update
+        !self.pending.is_empty()
+    }
+
+    /// Non-empty plans handed out and not yet consumed by `update` (0, 1, or 2 in async mode).
+    pub fn num_awaiting_update(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Ids of the requests of the oldest plan awaiting update that are still live (the requests a
+    /// failed step must abort), appended to `out`.
+    pub fn oldest_pending_ids(&self, out: &mut Vec<u64>) {
+        if let Some(step) = self.pending.front() {
+            for p in &step.rows {
+                if let Some(r) = self.reqs[p.slot as usize]
+                    .as_ref()
+                    .filter(|r| r.seq_no == p.seq_no)
+                {
+                    out.push(r.id);
+                }
+            }
+        }
     }
 
     /// Whether `id` is live (waiting, preempted or running).
@@ -335,6 +399,13 @@ impl Scheduler {
         let Some(&slot) = self.by_id.get(&id) else {
             return false;
         };
+        self.unlist(slot);
+        self.release(slot);
+        true
+    }
+
+    /// Takes a live request out of `running` or the waiting queue (not yet released).
+    pub(super) fn unlist(&mut self, slot: u32) {
         match self.req(slot).status {
             Status::Running => {
                 let i = self
@@ -349,8 +420,6 @@ impl Scheduler {
                 debug_assert!(found, "waiting request is queued");
             }
         }
-        self.release(slot);
-        true
     }
 
     /// Frees a request that is no longer listed in `running` or `waiting`: blocks, row, slot, id.

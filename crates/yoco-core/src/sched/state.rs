@@ -5,6 +5,11 @@
 //! catch up with `tokens.len()`; chunked prefill, prefix hits and resumed (preempted) requests all fall
 //! out of that rule. It advances at schedule time, so a request samples in a step iff that step brings
 //! `num_computed` to `tokens.len()`.
+//!
+//! Async scheduling (`Scheduler::schedule_ahead`) adds `placeholders`: tokens sampled by a step that
+//! was scheduled but whose `update` has not run yet (vLLM's `num_output_placeholders`). The request's
+//! length is then `tokens.len() + placeholders`; a decode scheduled on a placeholder reads its input
+//! id on the device from the previous step's sampled ids (the plan's `placeholder_*` arrays).
 
 use smallvec::SmallVec;
 
@@ -93,6 +98,12 @@ pub(super) struct Req {
     pub num_preemptions: u32,
     /// Stopped in the `update` being applied; released at its end.
     pub finishing: bool,
+    /// Sampled tokens scheduled but not yet applied by `update` (0 in synchronous mode; at most 1
+    /// when a plan is built, at most 2 just before an `update` in async mode).
+    pub placeholders: u32,
+    /// The sample index (`logits_indices` order) of this request's latest sample, in the latest plan
+    /// that sampled it: where the executor finds the input id of a decode scheduled on it.
+    pub last_sample: u32,
 }
 
 impl Req {
@@ -121,6 +132,8 @@ impl Req {
             last_skip_step: 0,
             num_preemptions: 0,
             finishing: false,
+            placeholders: 0,
+            last_sample: 0,
         }
     }
 
@@ -132,9 +145,19 @@ impl Req {
         self.num_tokens() - self.num_prompt
     }
 
-    /// Tokens still to compute before the request can sample (1 for a decode).
+    /// Tokens still to compute before the request can sample (1 for a decode, placeholders
+    /// counted).
     pub fn num_uncomputed(&self) -> u32 {
-        self.num_tokens() - self.num_computed
+        self.num_tokens() + self.placeholders - self.num_computed
+    }
+
+    /// Whether the outstanding placeholder certainly ends the request when `update` resolves it
+    /// (its length limit): then nothing is scheduled on it. An EOS or stop id cannot be foreseen;
+    /// such a row is computed and discarded (vLLM does the same).
+    pub fn ends_at_placeholder(&self, max_model_len: u32) -> bool {
+        self.placeholders > 0
+            && (self.num_output() + self.placeholders >= self.stop.max_tokens
+                || self.num_tokens() + self.placeholders >= max_model_len)
     }
 
     /// Whether the prompt's KV is computed (or scheduled): siblings waiting `after` it may start.

@@ -2,6 +2,10 @@
 //! KV-simulating mock executor, and plan checks that hold for every plan.
 #![allow(dead_code)]
 
+pub mod random;
+
+use std::collections::VecDeque;
+
 use yoco_core::kv::LayerKind;
 use yoco_core::mock::MockExecutor;
 use yoco_core::sched::{NewRequest, Scheduler, SchedulerConfig, StepOutcome, StepPlan};
@@ -102,6 +106,131 @@ impl Driver {
     /// What the mock samples after `context` when every plan is right.
     pub fn reference(&self, prompt: &[u32], max_tokens: u32, eos: &[u32]) -> Vec<u32> {
         reference_output(&self.mock, prompt, max_tokens, eos)
+    }
+}
+
+/// Drives a scheduler as the Rust step loop does in async mode: plan N+1 with
+/// [`Scheduler::schedule_ahead`] while plan N awaits its update, run it on the KV-simulating mock
+/// (which fills the placeholders from its previous step's samples, as a device executor does), then
+/// update N. Every plan and every invariant is checked.
+pub struct AsyncDriver {
+    pub s: Scheduler,
+    pub mock: MockExecutor,
+    /// Sampled ids of the plans awaiting update, oldest first.
+    pub in_flight: VecDeque<Vec<i32>>,
+    pub steps: u64,
+}
+
+impl AsyncDriver {
+    pub fn new(c: SchedulerConfig) -> Self {
+        let s = Scheduler::new(c).unwrap();
+        let mock = MockExecutor::new(VOCAB)
+            .first_token(16)
+            .simulating_kv_of(&s);
+        AsyncDriver {
+            s,
+            mock,
+            in_flight: VecDeque::new(),
+            steps: 0,
+        }
+    }
+
+    pub fn add(&mut self, r: NewRequest) {
+        self.s.add_request(r).unwrap();
+    }
+
+    /// Plans the next step (ahead of the outstanding one, if any), checks it, and runs it on the
+    /// mock ("launch" + "collect").
+    pub fn schedule(&mut self) -> StepPlan {
+        let prev_samples = self.in_flight.back().map_or(0, Vec::len);
+        let p = if self.in_flight.is_empty() {
+            self.s.schedule().clone()
+        } else {
+            self.s.schedule_ahead().clone()
+        };
+        check_plan(&self.s, &p);
+        check_placeholders(&p, prev_samples);
+        if self.in_flight.is_empty() {
+            assert!(
+                p.placeholder_indices.is_empty(),
+                "no placeholders in a synchronous plan"
+            );
+        }
+        if p.num_rows() > 0 {
+            let tables: Vec<&[i32]> = (0..self.s.num_groups())
+                .map(|g| self.s.block_table(g))
+                .collect();
+            let sampled = self.mock.sample(&p, &tables).to_vec();
+            self.in_flight.push_back(sampled);
+        }
+        p
+    }
+
+    /// Applies the oldest outstanding plan's samples.
+    pub fn update(&mut self) -> StepOutcome {
+        let sampled = self.in_flight.pop_front().expect("a plan awaits update");
+        let out = self.s.update(&sampled).unwrap().clone();
+        self.s.check_invariants().unwrap();
+        self.steps += 1;
+        out
+    }
+
+    /// One loop iteration: plan N+1, then update N (when one is outstanding behind it, or when
+    /// nothing new could be planned).
+    pub fn step(&mut self) -> (StepPlan, Option<StepOutcome>) {
+        let p = self.schedule();
+        let due = self.in_flight.len() == 2 || (p.num_rows() == 0 && !self.in_flight.is_empty());
+        let o = due.then(|| self.update());
+        (p, o)
+    }
+
+    /// Steps until nothing is unfinished or in flight (at most `max_steps`), collecting every
+    /// request's output tokens.
+    pub fn run(&mut self, max_steps: usize) -> std::collections::HashMap<u64, Vec<u32>> {
+        let mut outs: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+        for _ in 0..max_steps {
+            if self.s.num_unfinished() == 0 && self.in_flight.is_empty() {
+                return outs;
+            }
+            if let (_, Some(o)) = self.step() {
+                for (k, &id) in o.req_ids.iter().enumerate() {
+                    outs.entry(id).or_default().push(o.new_tokens[k] as u32);
+                }
+            }
+        }
+        panic!("not finished after {max_steps} steps");
+    }
+
+    pub fn reference(&self, prompt: &[u32], max_tokens: u32, eos: &[u32]) -> Vec<u32> {
+        reference_output(&self.mock, prompt, max_tokens, eos)
+    }
+}
+
+/// What every plan's placeholders satisfy: each is the only scheduled token of its row (a decode),
+/// holds 0 in `input_ids`, and names a sample of the previous plan (`prev_samples` of them).
+pub fn check_placeholders(p: &StepPlan, prev_samples: usize) {
+    assert_eq!(p.placeholder_indices.len(), p.placeholder_sources.len());
+    assert!(
+        p.placeholder_indices.windows(2).all(|w| w[0] < w[1]),
+        "placeholders ascending"
+    );
+    let mut sources = std::collections::HashSet::new();
+    for (&t, &src) in p.placeholder_indices.iter().zip(&p.placeholder_sources) {
+        let row = p.query_start_loc.partition_point(|&q| q <= t) - 1;
+        assert_eq!(
+            (p.query_start_loc[row], p.query_start_loc[row + 1]),
+            (t, t + 1),
+            "a placeholder is its row's only token"
+        );
+        assert_eq!(
+            p.input_ids[t as usize], 0,
+            "placeholder input reads 0 until filled"
+        );
+        assert!(
+            (src as usize) < prev_samples,
+            "source {src} of {prev_samples} samples"
+        );
+        assert!(sources.insert(src), "each previous sample feeds one row");
     }
 }
 

@@ -64,15 +64,16 @@ impl KvManager {
     }
 
     /// Copy ops queued since the last call, for this step's plan. Their sources stay pinned until
-    /// [`KvManager::release_copy_sources`].
+    /// [`KvManager::release_copy_sources`] (or, per step, [`KvManager::release_oldest_copy_sources`]).
     pub fn take_copy_ops(&mut self) -> Vec<CopyOp> {
+        self.inflight_counts.push_back(self.queued_pins.len());
         self.inflight_pins.append(&mut self.queued_pins);
         std::mem::take(&mut self.queued_ops)
     }
 
-    /// Unpins the sources of the copy ops taken for the step that just executed (called from the
-    /// scheduler's update, never earlier: an early release lets the next allocation evict and
-    /// reuse a source before the executor copied it).
+    /// Unpins the sources of every copy op taken so far (the step that just executed, when steps
+    /// do not overlap; called from the scheduler's update, never earlier: an early release lets the
+    /// next allocation evict and reuse a source before the executor copied it).
     pub fn release_copy_sources(&mut self) {
         let pins = std::mem::take(&mut self.inflight_pins);
         for &(g, b) in &pins {
@@ -80,5 +81,24 @@ impl KvManager {
         }
         self.inflight_pins = pins;
         self.inflight_pins.clear();
+        self.inflight_counts.clear();
+    }
+
+    /// Unpins the sources of the oldest [`KvManager::take_copy_ops`] batch only: with async
+    /// scheduling the next step's batch is already taken (and its copies not yet run) when the
+    /// previous step's update releases its own.
+    pub fn release_oldest_copy_sources(&mut self) {
+        let Some(n) = self.inflight_counts.pop_front() else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        let mut pins = std::mem::take(&mut self.inflight_pins);
+        for &(g, b) in &pins[..n] {
+            self.release_rev(g as usize, &[b]);
+        }
+        pins.drain(..n);
+        self.inflight_pins = pins;
     }
 }
