@@ -40,6 +40,43 @@ def test_rust_frontend_greedy_text_equals_the_python_engine(server, reference):
     assert body["usage"]["completion_tokens"] == 24 * len(PROMPTS)
 
 
+def test_rust_frontend_schedules_async_by_default(server):
+    # Every greedy comparison in this file then runs with decodes planned on placeholder tokens.
+    assert "async scheduling" in server.log
+
+
+def test_rust_frontend_stop_string_text_is_the_reference_cut_at_the_match(server, reference):
+    # Async scheduling finds the match one step late (the extra token is computed, not emitted).
+    ref = reference[1]
+    stop = ref[len(ref) // 2:len(ref) // 2 + 3]
+    r = httpx.post(server.url + "/v1/completions", timeout=120,
+                   json={"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                         "stop": [stop]})
+    c = r.json()["choices"][0]
+    assert c["text"] == ref[:ref.find(stop)]
+    assert c["finish_reason"] == "stop" and c["stop_reason"] == stop
+
+
+def test_rust_frontend_without_async_scheduling_gives_the_same_text(server, reference):
+    s = CliServer(*FLAGS, "--no-async-scheduling")
+    try:
+        assert "synchronous scheduling" in s.log
+        body = {"prompt": PROMPTS, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(s.url + "/v1/completions", json=body, timeout=120)
+        assert [c["text"] for c in r.json()["choices"]] == reference
+        body = {"prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0.8, "seed": 7, "stop": [" 7"]}
+        a = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+        b = httpx.post(s.url + "/v1/completions", json=body, timeout=120).json()
+        assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    finally:
+        s.kill()
+
+
+def test_async_scheduling_needs_the_rust_frontend():
+    with pytest.raises(RuntimeError, match="--async-scheduling needs --frontend rust"):
+        CliServer("--async-scheduling", timeout=60)
+
+
 def test_rust_frontend_stream_concatenates_to_the_same_text(server, reference):
     chunks, done = [], False
     with httpx.stream("POST", server.url + "/v1/completions", timeout=120,

@@ -38,12 +38,13 @@ def serve_http(
     bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,
     vocab_size: int, api_keys: list[str] = ..., max_n: int = 16, max_prompts_per_request: int = 256,
     max_request_body_bytes: int = ..., metrics_prefix: str = "yoco", max_consecutive_failures: int = 8,
-    on_ready: object | None = None,
+    async_scheduling: bool = True, on_ready: object | None = None,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
     ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
-    ``on_ready(url)`` is called once the port is bound."""
+    ``async_scheduling``: plan step N+1 while N runs (its plan's placeholder inputs are filled by the
+    executor from the ids its last ``collect`` returned). ``on_ready(url)`` is called once the port is bound."""
     ...
 
 class GrammarBusyError(RuntimeError):
@@ -63,6 +64,9 @@ class StepPlan:
     def num_rows(self) -> int: ...
     @property
     def num_samples(self) -> int: ...
+    @property
+    def num_placeholders(self) -> int:
+        """P: inputs to fill from the previous step's sampled ids (async scheduling; 0 otherwise)."""
     @property
     def num_tokens(self) -> int: ...
     @property
@@ -95,6 +99,12 @@ class StepPlan:
     @property
     def positions(self) -> npt.NDArray[np.int64]:
         """[T_pad] positions (padding 0)."""
+    @property
+    def placeholder_indices(self) -> npt.NDArray[np.int32]:
+        """[P] token indices whose input id is the previous step's sample (``input_ids`` holds 0 there)."""
+    @property
+    def placeholder_sources(self) -> npt.NDArray[np.int32]:
+        """[P] index into the previous step's sampled ids for each placeholder."""
     @property
     def slot_mapping(self) -> npt.NDArray[np.int64]:
         """[G, T_pad] KV slot per group and token (padding: slot 0 of block 0)."""

@@ -5,7 +5,9 @@
 //! collector does not track, would leak.
 //!
 //! When the object dies (all its views gone too), its buffers go back to the scheduler through a
-//! one-slot bin, so the next step writes into warm, already allocated memory.
+//! one-slot bin, so the next step writes into warm, already allocated memory. The Rust step loop
+//! shares its plan instead (`StepPlan::shared`): the object holds one reference of the loop's
+//! `Arc`, and the loop recycles the buffers once the object is gone.
 
 use std::sync::{Arc, Mutex};
 
@@ -29,7 +31,9 @@ fn give_back<T: Default>(bin: &Option<Bin<T>>, value: &mut T) {
 
 #[pyclass(frozen, module = "yoco_rs._core", name = "StepPlan")]
 pub struct StepPlan {
-    pub(crate) plan: core::StepPlan,
+    /// Never mutated while the object lives (views point into it); unique unless shared with the
+    /// Rust step loop.
+    pub(crate) plan: Arc<core::StepPlan>,
     num_groups: usize,
     bin: Option<Bin<core::StepPlan>>,
 }
@@ -37,16 +41,27 @@ pub struct StepPlan {
 impl StepPlan {
     pub fn new(plan: core::StepPlan, num_groups: usize, bin: Option<Bin<core::StepPlan>>) -> Self {
         StepPlan {
-            plan,
+            plan: Arc::new(plan),
             num_groups,
             bin,
+        }
+    }
+
+    /// A view of a plan the Rust step loop owns too (no copy, no bin: the loop recycles it).
+    pub fn shared(plan: Arc<core::StepPlan>, num_groups: usize) -> Self {
+        StepPlan {
+            plan,
+            num_groups,
+            bin: None,
         }
     }
 }
 
 impl Drop for StepPlan {
     fn drop(&mut self) {
-        give_back(&self.bin, &mut self.plan);
+        if let Some(plan) = Arc::get_mut(&mut self.plan) {
+            give_back(&self.bin, plan);
+        }
     }
 }
 
@@ -72,7 +87,7 @@ plan_methods! {
     [
         req_ids, req_rows, query_start_loc, seq_lens, input_ids, positions, logits_indices, sample_rows,
         cross_indices, cross_query_start_loc, logits_cross_pos, admitted_ids, admitted_rows,
-        admitted_num_cached, preempted_ids, dirty_rows,
+        admitted_num_cached, preempted_ids, dirty_rows, placeholder_indices, placeholder_sources,
     ]
 
     /// `[G, T_pad]` int64 KV slot of each token in each group.
@@ -103,6 +118,12 @@ plan_methods! {
     #[getter]
     fn num_samples(&self) -> usize {
         self.plan.num_samples()
+    }
+    /// Placeholder inputs (async scheduling): `input_ids[placeholder_indices]` are to be read from
+    /// the previous step's sampled ids at `placeholder_sources` before the forward.
+    #[getter]
+    fn num_placeholders(&self) -> usize {
+        self.plan.num_placeholders()
     }
     #[getter]
     fn num_tokens(&self) -> u32 {

@@ -4,8 +4,10 @@
 //! held only for that call: `add_request` / `remove_request` once per request, `launch` and
 //! `collect` once per step. Everything else (HTTP, validation, tokenization, scheduling, text, SSE)
 //! runs in Rust with the GIL released. Per step, the plan crosses as the same zero-copy
-//! `StepPlan` object the Python engine uses, and the block-table rows of the plan as one
-//! `[R, cols]` int32 array per KV group.
+//! `StepPlan` object the Python engine uses (sharing the loop's buffers, not a copy), and the
+//! block-table rows of the plan as one `[R, cols]` int32 array per KV group. With async scheduling
+//! (the default; `async_scheduling=False` turns it off) the plan's placeholder inputs are filled
+//! by the Python executor from the ids its last `collect` returned.
 
 use std::net::SocketAddr;
 
@@ -109,7 +111,7 @@ impl Executor for PyStepExecutor {
             })
             .collect();
         Python::attach(|py| {
-            let plan_obj = Py::new(py, StepPlan::new(plan.clone(), self.num_groups, None))
+            let plan_obj = Py::new(py, StepPlan::shared(plan.clone(), self.num_groups))
                 .map_err(|e| exec_err(py, e))?;
             let tabs = PyList::empty(py);
             for a in tables {
@@ -131,7 +133,8 @@ impl Executor for PyStepExecutor {
     }
 
     fn collect(&mut self) -> Result<&[i32], ExecError> {
-        let out = Python::attach(|py| -> Result<Vec<i32>, ExecError> {
+        let sampled = &mut self.sampled;
+        Python::attach(|py| -> Result<(), ExecError> {
             let r = self
                 .obj
                 .call_method0(py, "collect")
@@ -139,14 +142,13 @@ impl Executor for PyStepExecutor {
             let arr = r.bind(py).cast::<PyArray1<i32>>().map_err(|_| {
                 ExecError("executor.collect() must return a 1-D int32 numpy array".into())
             })?;
-            let v = arr
-                .readonly()
-                .as_slice()
-                .map(<[i32]>::to_vec)
-                .map_err(|e| ExecError(e.to_string()));
-            v
+            let ro = arr.readonly();
+            let s = ro.as_slice().map_err(|e| ExecError(e.to_string()))?;
+            // Into the reused buffer: no allocation per step.
+            sampled.clear();
+            sampled.extend_from_slice(s);
+            Ok(())
         })?;
-        self.sampled = out;
         Ok(&self.sampled)
     }
 }
@@ -160,7 +162,7 @@ impl Executor for PyStepExecutor {
     loops, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
     vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
     max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
-    on_ready = None
+    async_scheduling = true, on_ready = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -180,6 +182,7 @@ pub fn serve_http(
     max_request_body_bytes: usize,
     metrics_prefix: String,
     max_consecutive_failures: u32,
+    async_scheduling: bool,
     on_ready: Option<Py<PyAny>>,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
@@ -211,6 +214,7 @@ pub fn serve_http(
                 tokenizer: tok.clone(),
                 eos_token_ids: eos_token_ids.clone(),
                 max_consecutive_failures,
+                async_scheduling,
             },
             Box::new(exec),
         )
@@ -247,17 +251,9 @@ pub fn serve_http(
                     .map_err(|e| e.to_string())?;
             }
             let app = yoco_server::router(cfg, engines, tok);
-            yoco_server::serve_router(listener, app, async {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("SIGTERM handler");
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            })
-            .await
-            .map_err(|e| e.to_string())
+            yoco_server::serve_router(listener, app, yoco_server::shutdown_signal())
+                .await
+                .map_err(|e| e.to_string())
         })
     });
     py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));

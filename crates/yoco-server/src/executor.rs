@@ -4,7 +4,16 @@
 //! starts the forward and sampling of a plan and may return before they finish (a GPU executor
 //! enqueues kernels and a device-to-host copy of the sampled ids); [`Executor::collect`] waits for
 //! them and returns the sampled ids. A CPU executor may do all the work in `launch`.
+//!
+//! With async scheduling (the loop's default) the plan of step N+1 is built before step N's
+//! `update`: a decode whose step-N token is not known yet carries a *placeholder* input
+//! (`plan.placeholder_indices` / `plan.placeholder_sources`). The executor fills those input ids
+//! from the sampled ids of the step it collected last, before the forward (on the device, or on the
+//! host: `collect` has returned them; `StepPlan::fill_placeholders` is the CPU form). The loop
+//! always calls `launch(N+1)` after `collect(N)`, and after a failed step N it clears N+1's
+//! placeholders (their rows belong to N's requests, which it aborts).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use yoco_core::mock::MockExecutor;
@@ -14,8 +23,10 @@ use crate::params::GenParams;
 
 /// What one step gives the executor.
 pub struct StepInputs<'a> {
-    /// The plan (flat arrays; see `yoco_core::sched::plan`).
-    pub plan: &'a StepPlan,
+    /// The plan (flat arrays; see `yoco_core::sched::plan`), shared: an executor may keep a
+    /// clone for as long as its device reads the buffers (a zero-copy hand-off to Python); the
+    /// loop gives the buffers back to the scheduler once no clone is left.
+    pub plan: &'a Arc<StepPlan>,
     /// KV group g's persistent block table (`[max_num_seqs * max_blocks_per_seq]`, row-major,
     /// indexed by `plan.req_rows`).
     pub tables: &'a [&'a [i32]],
@@ -40,8 +51,9 @@ pub trait Executor: Send + 'static {
     /// The request `id` ended (finished or aborted): drop its per-request state.
     fn remove_request(&mut self, id: u64);
 
-    /// Start the forward and sampling of a step. At most one step is in flight: the loop calls
-    /// [`Executor::collect`] before the next launch.
+    /// Start the forward and sampling of a step, after filling the plan's placeholder inputs from
+    /// the sampled ids of the step collected last (see the module docs). At most one step is in
+    /// flight: the loop calls [`Executor::collect`] before the next launch.
     fn launch(&mut self, step: &StepInputs<'_>) -> Result<(), ExecError>;
 
     /// Wait for the step launched last; one sampled id per entry of `plan.sample_rows`, in order.
@@ -52,7 +64,8 @@ pub trait Executor: Send + 'static {
 type FailWhen = Box<dyn FnMut(&StepPlan) -> bool + Send>;
 
 /// A mock model for benchmarks and protocol tests: the core's deterministic [`MockExecutor`] (the
-/// next token is a hash of the last token and its position; KV-simulating optional), whose
+/// next token is a hash of the last token and its position; KV-simulating optional; placeholders
+/// filled from its previous samples), whose
 /// "forward" takes `forward` of wall time after `launch` returns, like a device running
 /// asynchronously. The time is not spent on the loop's thread: `collect` sleeps only for what is
 /// left of it, so whatever the loop did in between is overlapped.

@@ -28,6 +28,10 @@ pub struct LoopConfig {
     pub eos_token_ids: Vec<u32>,
     /// Failed steps in a row after which the loop stops.
     pub max_consecutive_failures: u32,
+    /// Plan step N+1 while step N runs, its decodes on placeholders (vLLM's
+    /// `--async-scheduling`; `yoco-serve --no-async-scheduling` turns it off). Stop strings then
+    /// end a request one step late (the extra token is computed, not emitted).
+    pub async_scheduling: bool,
 }
 
 /// Why a submission was refused.

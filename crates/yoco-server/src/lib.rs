@@ -7,15 +7,17 @@
 //!                              │ submit / abort           │          │
 //!                              v                          │          │
 //!                        step loop thread ────────────────┘          │
-//!                        schedule(N) · launch(N) ───────────────────>│ forward + sample
-//!                        deliver(N−1) · admit · collect(N) <─────────┘
-//!                        update(N) · detokenize · stop strings
+//!                        launch(N) ─────────────────────────────────>│ forward + sample
+//!                        update(N−1) · detokenize · stop strings     │
+//!                        deliver(N−1) · admit · schedule_ahead(N+1)  │
+//!                        collect(N) <────────────────────────────────┘
 //! ```
 //!
 //! * [`step_loop`] owns the scheduler (`yoco-core`), the text state (`yoco-text`) and every live
 //!   request's output channel, and calls the [`executor::Executor`] once per step, split into
-//!   `launch` and `collect` so the loop's own work (delivering the previous step's outputs,
-//!   admitting new requests) runs while the device computes.
+//!   `launch` and `collect` so the loop's own work (the previous step's update and text,
+//!   delivering its outputs, admitting new requests, planning the next step on placeholder tokens)
+//!   runs while the device computes.
 //! * [`app`] is the OpenAI-compatible HTTP front end: validation, tokenization, SSE and metrics
 //!   happen on tokio tasks, never on the loop thread; a dropped connection closes the request's
 //!   channel, which the loop treats as an abort.
@@ -35,8 +37,11 @@ mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
+mod signal;
 pub mod stats;
+mod step_cycle;
 pub mod step_loop;
+mod step_outputs;
 mod validate;
 
 pub use app::{router, serve_router, AppConfig};
@@ -45,3 +50,4 @@ pub use executor::{ExecError, Executor, MockModel, StepInputs};
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use output::{Event, FinishReason};
 pub use params::GenParams;
+pub use signal::shutdown_signal;

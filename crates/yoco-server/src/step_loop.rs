@@ -1,32 +1,37 @@
 //! The engine step loop: one thread that owns the scheduler, the text state and every live request's
 //! output channel, and drives the executor once per step.
 //!
-//! One iteration (step N):
+//! Async scheduling (the default, vLLM's `--async-scheduling`), one iteration while step N runs:
 //!
-//! 1. `schedule()` → plan N; new admissions are announced to the executor.
-//! 2. `launch(plan N)`: the device starts.
-//! 3. While it runs: deliver step N−1's events to the requests' channels, take new submissions into
-//!    the core's waiting queue, note aborts.
-//! 4. `collect()` → sampled ids; `update()`; detokenize and match stop strings (`yoco-text`); build
-//!    step N's events (delivered in step N+1's window); apply aborts.
+//! 1. `launch(plan N)`: the device starts (N was planned during N−1's forward).
+//! 2. In the forward's shadow: `update(N−1)`, detokenization and stop strings (`yoco-text`), the
+//!    events of N−1 delivered to the requests' channels; new submissions and aborts taken; closed
+//!    channels reaped.
+//! 3. `schedule_ahead()` → plan N+1, its decodes on placeholders for N's tokens.
+//! 4. `collect(N)`.
 //!
-//! So the only loop work the device waits for between two forwards is `update` + text + `schedule`
-//! (Rust, tens of µs at 256 rows); everything per request and per token that reaches other threads
-//! happens while the device computes. An executor error fails the step's requests, not the loop;
+//! So between two forwards the device waits only for `collect` to return and `launch` to start: no
+//! `update`, text or `schedule`. A stop string then ends its request one step late (its extra row is
+//! computed and discarded, as in vLLM). Synchronous mode (`async_scheduling: false`) keeps the old
+//! order: `update(N)`, text and `schedule(N+1)` between `collect(N)` and `launch(N+1)`.
+//!
+//! Files: this one (state, commands, request lifecycle), `step_cycle.rs` (the order of one
+//! iteration, launch and collect), `step_outputs.rs` (update, text and events of a collected step,
+//! and failure containment). An executor error fails the step's requests, not the loop;
 //! `max_consecutive_failures` failed steps in a row stop it (the server then answers 503).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc::UnboundedSender;
 use yoco_core::kv::HashExtras;
-use yoco_core::sched::{FinishReason as CoreFinish, NewRequest, Scheduler};
+use yoco_core::sched::{NewRequest, Scheduler, StepPlan};
 use yoco_text::{SeqOptions, TextBatch};
 
-use crate::executor::{Executor, StepInputs};
+use crate::executor::{ExecError, Executor};
 use crate::handle::LoopConfig;
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
@@ -45,33 +50,55 @@ pub(crate) enum Command {
 }
 
 /// A request the loop serves.
-struct Live {
-    tx: UnboundedSender<Event>,
-    stream: bool,
-    prompt_tokens: u32,
-    generated: u32,
-    cached: u32,
-    admitted: bool,
-    stop: Vec<String>,
+pub(crate) struct Live {
+    pub tx: UnboundedSender<Event>,
+    pub stream: bool,
+    pub prompt_tokens: u32,
+    pub generated: u32,
+    pub cached: u32,
+    pub admitted: bool,
+    pub stop: Vec<String>,
+}
+
+/// A step launched and not yet collected.
+pub(crate) struct InFlight {
+    pub plan: Arc<StepPlan>,
+    /// `Err` when `launch` failed (then nothing is collected from the executor).
+    pub launched: Result<(), ExecError>,
+}
+
+/// A step collected and not yet applied: its sampled ids are in `StepLoop::sampled`.
+pub(crate) struct Collected {
+    /// Sampling rows of its plan.
+    pub num_samples: usize,
+    /// Why the step failed (launch, collect, or sampled ids that do not fit the plan).
+    pub error: Option<String>,
 }
 
 pub(crate) struct StepLoop {
-    sched: Scheduler,
-    text: TextBatch,
-    exec: Box<dyn Executor>,
-    live: FxHashMap<u64, Live>,
+    pub(crate) sched: Scheduler,
+    pub(crate) text: TextBatch,
+    pub(crate) exec: Box<dyn Executor>,
+    pub(crate) live: FxHashMap<u64, Live>,
     eos: Vec<u32>,
-    max_failures: u32,
-    failures: u32,
+    pub(crate) max_failures: u32,
+    pub(crate) failures: u32,
     rx: Receiver<Command>,
-    stats: Arc<Stats>,
-    /// Events of the last step, delivered while the next forward runs. A request's last event
-    /// carries its sender (the request has left `live`).
-    outbox: Vec<(u64, Event, Option<UnboundedSender<Event>>)>,
-    /// Requests to abort once the step in flight is collected.
-    aborts: Vec<u64>,
-    sampled: Vec<i32>,
-    last_step: Option<Instant>,
+    pub(crate) stats: Arc<Stats>,
+    /// Plan step N+1 before step N's update (async scheduling).
+    pub(crate) ahead: bool,
+    /// Events of the last applied step, delivered while the next forward runs. A request's last
+    /// event carries its sender (the request has left `live`).
+    pub(crate) outbox: Vec<(u64, Event, Option<UnboundedSender<Event>>)>,
+    /// Requests to abort at the next point where the loop takes commands.
+    pub(crate) aborts: Vec<u64>,
+    /// A plan built and not launched yet (async: N+1 while N runs).
+    pub(crate) planned: Option<StepPlan>,
+    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) collected: Option<Collected>,
+    /// The sampled ids of `collected` (reused buffer).
+    pub(crate) sampled: Vec<i32>,
+    pub(crate) last_step: Option<Instant>,
 }
 
 impl StepLoop {
@@ -91,41 +118,58 @@ impl StepLoop {
             failures: 0,
             rx,
             stats,
+            ahead: config.async_scheduling,
             outbox: Vec::new(),
             aborts: Vec::new(),
+            planned: None,
+            in_flight: None,
+            collected: None,
             sampled: Vec::new(),
             last_step: None,
         })
     }
 
+    /// Nothing live, queued, planned or in flight: the loop may sleep until a command.
+    fn idle(&self) -> bool {
+        self.live.is_empty()
+            && self.outbox.is_empty()
+            && self.planned.is_none()
+            && self.in_flight.is_none()
+            && self.collected.is_none()
+    }
+
     /// Runs until shutdown, or until too many steps failed in a row.
     pub(crate) fn run(&mut self) {
-        let stop = loop {
-            if self.live.is_empty() && self.outbox.is_empty() {
-                // Idle: sleep until a command arrives.
+        loop {
+            if self.idle() {
                 self.last_step = None;
                 match self.rx.recv() {
                     Ok(cmd) => {
                         if self.command(cmd) {
-                            break true;
+                            break;
                         }
                     }
-                    Err(_) => break true,
+                    Err(_) => break,
                 }
             }
-            if self.drain_commands() {
-                break true;
+            if !self.cycle() {
+                break;
             }
-            self.apply_aborts();
-            if !self.step() {
-                break false;
-            }
-        };
-        let _ = stop;
+        }
         self.stats.dead.store(true, Relaxed);
+        // A step still in flight or collected is completed (its tokens are not lost to the
+        // executor's state), then everything still live ends.
+        if let Some(f) = self.in_flight.take() {
+            self.collected = Some(self.collect(f));
+        }
+        if let Some(c) = self.collected.take() {
+            self.apply_step(c);
+        }
+        self.planned = None;
         self.deliver();
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in ids {
+            self.sched.abort(id);
             self.end(
                 id,
                 FinishReason::Abort,
@@ -138,7 +182,7 @@ impl StepLoop {
     }
 
     /// Takes every queued command; true on shutdown (or when every handle is gone).
-    fn drain_commands(&mut self) -> bool {
+    pub(crate) fn drain_commands(&mut self) -> bool {
         loop {
             match self.rx.try_recv() {
                 Ok(cmd) => {
@@ -234,203 +278,10 @@ impl StepLoop {
             .fetch_add(prompt_tokens as u64, Relaxed);
     }
 
-    /// One step; false when the loop must stop (too many failed steps).
-    fn step(&mut self) -> bool {
-        let t0 = Instant::now();
-        self.sched.schedule();
-        let plan = self.sched.plan();
-        if plan.num_rows() == 0 {
-            // Nothing runnable (every request waits on memory held by none: cannot happen with
-            // validated requests) or everything finished: deliver and idle briefly.
-            self.deliver();
-            self.publish_gauges();
-            if !self.live.is_empty() {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            return true;
-        }
-        if let Some(prev) = self.last_step.replace(t0) {
-            self.stats.observe_step((t0 - prev).as_nanos() as u64);
-        }
-        let mut resumed = Vec::new();
-        for k in 0..plan.admitted_ids.len() {
-            let id = plan.admitted_ids[k];
-            if let Some(l) = self.live.get_mut(&id) {
-                if !l.admitted {
-                    l.admitted = true;
-                    l.cached = plan.admitted_num_cached[k].max(0) as u32;
-                } else {
-                    resumed.push((
-                        id,
-                        self.text
-                            .tokens(id)
-                            .map(<[u32]>::to_vec)
-                            .unwrap_or_default(),
-                    ));
-                }
-            }
-        }
-        let ngroups = self.sched.num_groups();
-        let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
-        let launched = self.exec.launch(&StepInputs {
-            plan,
-            tables: &tables,
-            max_blocks_per_seq: self.sched.max_blocks_per_seq(),
-            resumed: &resumed,
-        });
-        let num_samples = plan.num_samples();
-
-        // Overlapped with the forward.
-        self.deliver();
-        self.reap_closed();
-        let shutdown = self.drain_commands();
-
-        let result = launched.and_then(|()| self.exec.collect().map(|s| s.to_vec()));
-        match result {
-            Ok(sampled) if sampled.len() == num_samples => {
-                self.failures = 0;
-                self.sampled = sampled;
-                self.after_update();
-            }
-            Ok(sampled) => {
-                let msg = format!(
-                    "executor returned {} sampled ids for {} sampling rows",
-                    sampled.len(),
-                    num_samples
-                );
-                self.fail_step(num_samples, msg);
-            }
-            Err(e) => self.fail_step(num_samples, e.0),
-        }
-        self.stats.steps.fetch_add(1, Relaxed);
-        self.apply_aborts();
-        self.publish_gauges();
-        !shutdown && self.failures < self.max_failures
-    }
-
-    fn after_update(&mut self) {
-        let sampled = std::mem::take(&mut self.sampled);
-        let outcome = match self.sched.update(&sampled) {
-            Ok(o) => o.clone(),
-            Err(e) => {
-                // Sampled ids out of range: the executor's bug, contained like a failed forward.
-                self.sampled = sampled;
-                let msg = format!("bad sampled ids: {e}");
-                self.fail_update(msg);
-                return;
-            }
-        };
-        self.sampled = sampled;
-        self.stats
-            .generation_tokens
-            .fetch_add(outcome.req_ids.len() as u64, Relaxed);
-        let mut fin = outcome.finish_reasons.clone();
-        let mut step = match self.text.step(&outcome.req_ids, &outcome.new_tokens, &fin) {
-            Ok(_) => self.text.take_step(),
-            Err(e) => {
-                let ids = outcome.req_ids.clone();
-                for id in ids {
-                    self.sched.abort(id);
-                    self.end(id, FinishReason::Abort, None, Some(e.to_string()), None);
-                }
-                return;
-            }
-        };
-        let mut stop_text: FxHashMap<usize, usize> = FxHashMap::default();
-        for (&k, &w) in step.stop_idx.iter().zip(&step.stop_which) {
-            let k = k as usize;
-            if fin[k] == 0 {
-                self.sched
-                    .finish(outcome.req_ids[k], CoreFinish::StopString);
-            }
-            fin[k] = CoreFinish::StopString as u8;
-            stop_text.insert(k, w as usize);
-        }
-        let mut di = 0;
-        for (k, &id) in outcome.req_ids.iter().enumerate() {
-            let delta = if di < step.delta_idx.len() && step.delta_idx[di] as usize == k {
-                di += 1;
-                std::mem::take(&mut step.deltas[di - 1])
-            } else {
-                String::new()
-            };
-            let Some(l) = self.live.get_mut(&id) else {
-                continue;
-            };
-            let tok = outcome.new_tokens[k];
-            if tok >= 0 {
-                l.generated += 1;
-            }
-            let token_id = (tok >= 0).then_some(tok as u32);
-            if fin[k] == 0 {
-                if l.stream {
-                    self.outbox.push((
-                        id,
-                        Event::Delta {
-                            token_id,
-                            text: delta,
-                        },
-                        None,
-                    ));
-                }
-                continue;
-            }
-            let stop_reason = match fin[k] {
-                2 => Some(StopReason::Token(tok as u32)),
-                5 => stop_text
-                    .get(&k)
-                    .and_then(|&w| l.stop.get(w).cloned())
-                    .map(StopReason::Text),
-                _ => None,
-            };
-            // A streaming request's last delta rides on its `Finished` (one chunk, as vLLM).
-            let tail = l.stream.then(|| (delta, token_id.into_iter().collect()));
-            self.end(id, FinishReason::from_core(fin[k]), stop_reason, None, tail);
-        }
-    }
-
-    /// The step's executor call failed: abort every request it ran, complete the plan, go on.
-    fn fail_step(&mut self, num_samples: usize, msg: String) {
-        self.failures += 1;
-        self.stats.failed_steps.fetch_add(1, Relaxed);
-        let ids = self.sched.plan().req_ids.clone();
-        for &id in &ids {
-            self.sched.abort(id);
-        }
-        // Rows of aborted requests are skipped; the ids only need to be valid.
-        let _ = self.sched.update(&vec![0; num_samples]);
-        for id in ids {
-            self.end(
-                id,
-                FinishReason::Abort,
-                None,
-                Some(format!("engine step failed: {msg}")),
-                None,
-            );
-        }
-    }
-
-    /// `update` refused the sampled ids (it completed the step before refusing).
-    fn fail_update(&mut self, msg: String) {
-        self.failures += 1;
-        self.stats.failed_steps.fetch_add(1, Relaxed);
-        let ids = self.sched.plan().req_ids.clone();
-        for id in ids {
-            self.sched.abort(id);
-            self.end(
-                id,
-                FinishReason::Abort,
-                None,
-                Some(format!("engine step failed: {msg}")),
-                None,
-            );
-        }
-    }
-
     /// Ends a live request: frees its text and executor state and queues its `Finished` event.
     /// The core has already finished or aborted it.
     /// `tail`: a streaming request's last delta (text, token ids).
-    fn end(
+    pub(crate) fn end(
         &mut self,
         id: u64,
         reason: FinishReason,
@@ -470,7 +321,7 @@ impl StepLoop {
     }
 
     /// Sends the outbox; a closed channel (client gone) aborts its request.
-    fn deliver(&mut self) {
+    pub(crate) fn deliver(&mut self) {
         for (id, ev, last) in self.outbox.drain(..) {
             let sent = match &last {
                 Some(tx) => tx.send(ev).is_ok(),
@@ -487,7 +338,7 @@ impl StepLoop {
 
     /// Requests whose receiver is gone (a client that disconnected while waiting for a
     /// non-streaming answer) are aborted: O(live) atomic loads per step.
-    fn reap_closed(&mut self) {
+    pub(crate) fn reap_closed(&mut self) {
         for (&id, l) in &self.live {
             if l.tx.is_closed() {
                 self.aborts.push(id);
@@ -495,7 +346,9 @@ impl StepLoop {
         }
     }
 
-    fn apply_aborts(&mut self) {
+    /// Aborts what was asked for since the last call (safe while a step is in flight or planned
+    /// ahead: the core discards the rows of requests that are gone).
+    pub(crate) fn apply_aborts(&mut self) {
         for id in std::mem::take(&mut self.aborts) {
             if self.live.contains_key(&id) {
                 self.sched.abort(id);
@@ -504,7 +357,7 @@ impl StepLoop {
         }
     }
 
-    fn publish_gauges(&self) {
+    pub(crate) fn publish_gauges(&self) {
         let s = self.sched.stats();
         self.stats.running.store(s.num_running, Relaxed);
         self.stats.waiting.store(s.num_waiting, Relaxed);

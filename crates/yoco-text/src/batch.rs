@@ -3,7 +3,8 @@
 use rustc_hash::FxHashMap;
 use tokenizers::Tokenizer;
 
-use crate::incremental::{decode, IncrementalDecoder};
+use crate::incremental::{decode, Detok, IncrementalDecoder};
+use crate::pieces::PieceDecoder;
 use crate::stop::StopStrings;
 use crate::PROMPT_CONTEXT_TOKENS;
 
@@ -68,7 +69,7 @@ impl SeqText {
     /// request's text does not depend on whether it streamed (vLLM builds both from one incremental
     /// detokenizer). Text still held back at the end (an incomplete UTF-8 sequence) is never
     /// emitted, as in vLLM.
-    fn catch_up(&mut self, tok: &Tokenizer, n: usize) -> Result<(), TextError> {
+    fn catch_up(&mut self, tok: Detok<'_>, n: usize) -> Result<(), TextError> {
         let skip = self.opts.skip_special_tokens;
         while self.decoded < n {
             let piece = self.decoder.push(tok, self.tokens[self.decoded], skip)?;
@@ -104,6 +105,8 @@ impl StepText {
 /// The text state of all live requests.
 pub struct TextBatch {
     tok: Tokenizer,
+    /// The tokenizer's piece table, when its decoder has one ([`PieceDecoder`]).
+    pieces: Option<PieceDecoder>,
     seqs: FxHashMap<u64, SeqText>,
     out: StepText,
 }
@@ -112,10 +115,26 @@ impl TextBatch {
     /// An empty batch decoding with `tok` (the checkpoint's tokenizer).
     pub fn new(tok: Tokenizer) -> Self {
         Self {
+            pieces: PieceDecoder::new(&tok),
             tok,
             seqs: FxHashMap::default(),
             out: StepText::default(),
         }
+    }
+
+    /// An empty batch that always decodes through `tokenizers` (the reference the piece table is
+    /// tested and benchmarked against).
+    pub fn without_piece_table(tok: Tokenizer) -> Self {
+        Self {
+            pieces: None,
+            ..Self::new(tok)
+        }
+    }
+
+    /// Whether decoding uses the precomputed piece table (the tokenizer's decoder is the
+    /// SentencePiece kind [`PieceDecoder`] reproduces) rather than `tokenizers`' decoder chain.
+    pub fn uses_piece_table(&self) -> bool {
+        self.pieces.is_some()
     }
 
     /// An empty batch with the tokenizer loaded from a `tokenizer.json` at `path`
@@ -190,7 +209,15 @@ impl TextBatch {
         let mut s = self.seqs.remove(&id)?;
         if s.lazy() && s.opts.detokenize && !s.finished {
             let n = s.tokens.len();
-            if s.catch_up(&self.tok, n).is_err() {
+            if s.catch_up(
+                Detok {
+                    tok: &self.tok,
+                    pieces: self.pieces.as_ref(),
+                },
+                n,
+            )
+            .is_err()
+            {
                 s.text.clear();
             }
         }
@@ -231,13 +258,26 @@ impl TextBatch {
                 // streaming does (the same text).
                 if code != 0 {
                     let n = seq.tokens.len() - usize::from(tok >= 0 && !decode_tok);
-                    seq.catch_up(&self.tok, n)?;
+                    seq.catch_up(
+                        Detok {
+                            tok: &self.tok,
+                            pieces: self.pieces.as_ref(),
+                        },
+                        n,
+                    )?;
                     seq.finished = true;
                 }
                 continue;
             }
             if decode_tok {
-                let piece = seq.decoder.push(&self.tok, tok as u32, skip)?;
+                let piece = seq.decoder.push(
+                    Detok {
+                        tok: &self.tok,
+                        pieces: self.pieces.as_ref(),
+                    },
+                    tok as u32,
+                    skip,
+                )?;
                 seq.text.push_str(&piece);
             }
             seq.decoded = seq.tokens.len();
@@ -287,13 +327,29 @@ impl TextBatch {
 
     /// Decodes a whole id sequence.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
-        decode(&self.tok, ids, skip_special)
+        decode(
+            Detok {
+                tok: &self.tok,
+                pieces: self.pieces.as_ref(),
+            },
+            ids,
+            skip_special,
+        )
     }
 
     /// Decodes each id on its own (logprob tokens), special tokens included.
     pub fn decode_each(&self, ids: &[u32]) -> Result<Vec<String>, TextError> {
         ids.iter()
-            .map(|&i| decode(&self.tok, &[i], false))
+            .map(|&i| {
+                decode(
+                    Detok {
+                        tok: &self.tok,
+                        pieces: self.pieces.as_ref(),
+                    },
+                    &[i],
+                    false,
+                )
+            })
             .collect()
     }
 }

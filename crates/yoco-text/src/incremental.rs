@@ -9,6 +9,23 @@
 use tokenizers::Tokenizer;
 
 use crate::batch::TextError;
+use crate::pieces::PieceDecoder;
+
+/// What decodes ids: the tokenizer, and its precomputed piece table when its decoder has one (the
+/// same text, without `tokenizers`' per-call allocations and regex).
+#[derive(Debug, Clone, Copy)]
+pub struct Detok<'a> {
+    /// The checkpoint's tokenizer.
+    pub tok: &'a Tokenizer,
+    /// [`PieceDecoder::new`] of `tok`, if any.
+    pub pieces: Option<&'a PieceDecoder>,
+}
+
+impl<'a> From<&'a Tokenizer> for Detok<'a> {
+    fn from(tok: &'a Tokenizer) -> Self {
+        Detok { tok, pieces: None }
+    }
+}
 
 /// Incremental decoder of one sequence's output: turns tokens into text as they arrive, with the
 /// same result as decoding the whole output at once (prefix/read offsets, see the module docs).
@@ -34,14 +51,14 @@ impl IncrementalDecoder {
 
     /// Feeds one token; returns the text it completes (often empty while a multi-byte character
     /// is still incomplete).
-    pub fn push(
+    pub fn push<'a>(
         &mut self,
-        tok: &Tokenizer,
+        tok: impl Into<Detok<'a>>,
         id: u32,
         skip_special: bool,
     ) -> Result<String, TextError> {
         self.ids.push(id);
-        self.emit(tok, skip_special, false)
+        self.emit(tok.into(), skip_special, false)
     }
 
     /// Appends tokens without decoding them (the next `push`/`flush` decodes them together).
@@ -50,16 +67,20 @@ impl IncrementalDecoder {
     }
 
     /// Emits whatever is still held back (an incomplete UTF-8 sequence decodes to U+FFFD), at finish.
-    pub fn flush(&mut self, tok: &Tokenizer, skip_special: bool) -> Result<String, TextError> {
+    pub fn flush<'a>(
+        &mut self,
+        tok: impl Into<Detok<'a>>,
+        skip_special: bool,
+    ) -> Result<String, TextError> {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
-        self.emit(tok, skip_special, true)
+        self.emit(tok.into(), skip_special, true)
     }
 
     fn emit(
         &mut self,
-        tok: &Tokenizer,
+        tok: Detok<'_>,
         skip_special: bool,
         force: bool,
     ) -> Result<String, TextError> {
@@ -88,14 +109,14 @@ impl IncrementalDecoder {
     }
 }
 
-pub(crate) fn decode(
-    tok: &Tokenizer,
-    ids: &[u32],
-    skip_special: bool,
-) -> Result<String, TextError> {
+pub(crate) fn decode(tok: Detok<'_>, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
     if ids.is_empty() {
         return Ok(String::new());
     }
-    tok.decode(ids, skip_special)
+    if let Some(p) = tok.pieces {
+        return Ok(p.decode(ids, skip_special));
+    }
+    tok.tok
+        .decode(ids, skip_special)
         .map_err(|e| TextError::Tokenizer(e.to_string()))
 }

@@ -13,10 +13,12 @@
 
 mod batch;
 mod incremental;
+mod pieces;
 mod stop;
 
 pub use batch::{SeqOptions, StepText, TextBatch, TextError};
-pub use incremental::IncrementalDecoder;
+pub use incremental::{Detok, IncrementalDecoder};
+pub use pieces::PieceDecoder;
 pub use stop::StopStrings;
 
 pub use tokenizers::Tokenizer;

@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--data-parallel-size", type=_pos_int, default=1,
           help="step loops (each with its own copy of the model and KV pool) behind one front end, requests "
                "dispatched by prefix overlap and load; needs --frontend rust")
+    p.add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+          help="plan step N+1 while step N runs, its decodes on placeholder tokens (vLLM's async scheduling; "
+               "stop strings then end a request one step late, the extra token not emitted). Default: on with "
+               "--frontend rust; the Python engine schedules synchronously")
     _add_hardening_flags(p)
 
     p.add("--tokenizer", help="tokenizer directory (default: the model directory)")

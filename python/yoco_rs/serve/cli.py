@@ -74,6 +74,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.data_parallel_size > 1 and args.frontend != "rust":
         _say("yoco-serve: error: --data-parallel-size needs --frontend rust")
         return 2
+    if args.async_scheduling and args.frontend != "rust":
+        _say("yoco-serve: error: --async-scheduling needs --frontend rust (the Python engine schedules synchronously)")
+        return 2
     if args.frontend == "rust":
         from yoco_rs.serve.rust_frontend import serve as serve_rust
 

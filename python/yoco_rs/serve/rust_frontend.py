@@ -44,7 +44,14 @@ class StepExecutor:
     ``launch(plan, tables, resumed)`` runs the forward and samples (on a GPU both are enqueued and the
     call returns at once); ``collect()`` returns the sampled ids as an int32 numpy array, copying them
     to the host. ``tables[g]`` is KV group g's block-table rows of the plan (``[R, cols]`` int32);
-    ``resumed`` maps the requests the plan resumes after a preemption to their outputs so far."""
+    ``resumed`` maps the requests the plan resumes after a preemption to their outputs so far.
+
+    With async scheduling the plan of step N+1 is built before step N's update: its decodes whose
+    step-N token was unknown carry placeholders (``plan.placeholder_indices`` into ``input_ids``, read
+    from ``plan.placeholder_sources`` of step N's sampled ids). The loop launches N+1 only after
+    collecting N, so the ids are on the host: they are written into a copy of the plan's ``input_ids``
+    (the plan's own buffers are shared with Rust and read-only) before the batch reaches the device,
+    which is also what the host-resident per-layer embeddings are gathered by."""
 
     def __init__(self, rt: Runtime):
         self._runner = rt.runner
@@ -55,6 +62,7 @@ class StepExecutor:
         self._params: dict[int, RowParams] = {}
         self._prompts: dict[int, np.ndarray] = {}
         self._sampled: Optional[torch.Tensor] = None
+        self._prev: np.ndarray = np.zeros(0, dtype=np.int32)  # the ids the last collect() returned
 
     def add_request(self, req_id: int, prompt: np.ndarray, *, temperature: float, top_p: float, top_k: int,
                     min_p: float, seed: Optional[int], min_tokens: int, ignore_eos: bool,
@@ -77,13 +85,19 @@ class StepExecutor:
             self._sampler.set_rows(plan.admitted_rows.tolist(), [self._params[i] for i in ids],
                                    [self._prompts[i] for i in ids], [resumed.get(i, _NO_OUTPUT) for i in ids])
         batch = plan_batch(plan, [torch.from_numpy(t) for t in tables])
+        if plan.num_placeholders:
+            ids = batch.input_ids.clone()
+            ids[torch.from_numpy(plan.placeholder_indices).long()] = torch.from_numpy(
+                self._prev[plan.placeholder_sources]).to(ids.dtype)
+            batch.input_ids = ids
         logits = self._runner.execute(batch)
         rows = plan.req_rows[plan.sample_rows]
         self._sampled = self._sampler.sample(logits, plan.logits_cross_pos, rows).sampled
 
     def collect(self) -> np.ndarray:
         s, self._sampled = self._sampled, None
-        return np.ascontiguousarray(s.numpy(), dtype=np.int32)
+        self._prev = np.ascontiguousarray(s.numpy(), dtype=np.int32)
+        return self._prev
 
 
 def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
@@ -104,11 +118,14 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
     pc = f"on (sub-block {c.sub_block_size})" if c.enable_prefix_caching else "off"
     mem = f" | memory: {rt.memory_split}" if rt.memory_split else ""
 
+    async_on = getattr(args, "async_scheduling", None) is not False
+
     def ready(url: str) -> None:
         # The same line as the Python front end's (tests and scripts read the URL at its end).
         print(f"yoco-serve ready: model {names[0]} | KV capacity {rt.kv_capacity_tokens:,} tokens (block "
               f"{c.block_size}) | fast prefill {'on' if c.kv_sharing_fast_prefill else 'off'} | prefix caching {pc} | "
-              f"max_model_len {c.max_model_len}{mem} | front end rust, {dp} step loop{'s' if dp > 1 else ''} | {url}", file=sys.stderr, flush=True)
+              f"max_model_len {c.max_model_len}{mem} | front end rust, {dp} step loop{'s' if dp > 1 else ''}, "
+              f"{'async' if async_on else 'synchronous'} scheduling | {url}", file=sys.stderr, flush=True)
 
     _core.serve_http(
         [(r.scheduler, StepExecutor(r)) for r in rts], tokenizer_file=rt.tokenizer.tokenizer_file,
@@ -118,7 +135,8 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         api_keys=list(settings.api_keys or []), max_n=int(settings.max_n),
         max_prompts_per_request=int(settings.max_prompts_per_request),
         max_request_body_bytes=int(settings.max_request_body_bytes), metrics_prefix=settings.metrics_prefix,
-        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready)
+        max_consecutive_failures=int(args.max_consecutive_step_failures),
+        async_scheduling=async_on, on_ready=ready)
     print("yoco-serve: stopped", file=sys.stderr, flush=True)
     return 0
 

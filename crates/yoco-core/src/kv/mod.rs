@@ -49,7 +49,8 @@
 //!    pinned. Running requests call `allocate` with `hit = None` for each new chunk / decode token.
 //! 3. [`KvManager::take_copy_ops`] for the step plan; the executor copies before the forward.
 //! 4. After execution: [`KvManager::commit_computed`] (indexes the newly computed sub-blocks, the
-//!    partial tail included), then [`KvManager::release_copy_sources`].
+//!    partial tail included), then [`KvManager::release_copy_sources`] (or, when the next step's
+//!    ops were already taken, as with async scheduling, [`KvManager::release_oldest_copy_sources`]).
 //! 5. [`KvManager::free`] on finish / abort: tail first; blocks holding indexed sub-blocks go to the
 //!    LRU tail (kept longest), others to the head (reused first). Preemption calls
 //!    [`KvManager::free_blocks`] instead: the same release, but the request keeps its hash chain,

@@ -6,7 +6,7 @@
 //! yoco-mock-server --tokenizer python/yoco_rs/default_model/tokenizer.json --port 8000 \
 //!     [--forward-ms 0] [--max-num-seqs 256] [--max-model-len 4096] [--block-size 16]
 //!     [--num-blocks N] [--served-model-name NAME] [--api-key KEY] [--metrics-prefix yoco|vllm]
-//!     [--data-parallel-size N]
+//!     [--data-parallel-size N] [--no-async-scheduling]
 //! ```
 //!
 //! Extra route for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
@@ -34,6 +34,7 @@ struct Args {
     api_keys: Vec<String>,
     metrics_prefix: String,
     data_parallel_size: usize,
+    async_scheduling: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -50,6 +51,7 @@ fn parse() -> Result<Args, String> {
         api_keys: Vec::new(),
         metrics_prefix: "yoco".into(),
         data_parallel_size: 1,
+        async_scheduling: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +73,8 @@ fn parse() -> Result<Args, String> {
             "--api-key" => a.api_keys.push(val()?),
             "--metrics-prefix" => a.metrics_prefix = val()?,
             "--data-parallel-size" => a.data_parallel_size = (num(val()?)? as usize).max(1),
+            "--async-scheduling" => a.async_scheduling = true,
+            "--no-async-scheduling" => a.async_scheduling = false,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -143,6 +147,7 @@ fn main() {
                 tokenizer: tok.clone(),
                 eos_token_ids: vec![1],
                 max_consecutive_failures: 8,
+                async_scheduling: a.async_scheduling,
             };
             EngineHandle::start(cfg, Box::new(exec)).expect("step loop")
         })
@@ -177,17 +182,9 @@ fn main() {
             "yoco-mock-server: serving on http://{}",
             listener.local_addr().unwrap()
         );
-        yoco_server::serve_router(listener, app, async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-        .await
-        .expect("serve");
+        yoco_server::serve_router(listener, app, yoco_server::shutdown_signal())
+            .await
+            .expect("serve");
     });
     stop_all.iter().for_each(|l| l.shutdown());
 }

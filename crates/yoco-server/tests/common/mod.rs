@@ -36,6 +36,15 @@ pub fn tokenizer() -> Tokenizer {
     Tokenizer::from_file(p).expect("bundled tokenizer")
 }
 
+/// The test servers' layer layout: sliding, full, and a layer sharing the full one's KV.
+pub fn layers() -> Vec<LayerKind> {
+    vec![
+        LayerKind::Sliding { window: 64 },
+        LayerKind::Full,
+        LayerKind::SharesKv { donor: 1 },
+    ]
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     /// Loop 0.
@@ -61,6 +70,8 @@ pub struct Opts {
     pub loops: usize,
     /// The executor of loop i given the vocabulary size (default: the plain mock).
     pub exec_of: Option<fn(usize, u32) -> MockModel>,
+    /// The loops' scheduling mode (default: async, as served).
+    pub async_scheduling: bool,
 }
 
 impl Default for Opts {
@@ -76,6 +87,7 @@ impl Default for Opts {
             exec: None,
             loops: 1,
             exec_of: None,
+            async_scheduling: true,
         }
     }
 }
@@ -84,12 +96,7 @@ impl TestServer {
     pub fn start(o: Opts) -> Self {
         let tok = tokenizer();
         let vocab = tok.get_vocab_size(true) as u32;
-        let layers = vec![
-            LayerKind::Sliding { window: 64 },
-            LayerKind::Full,
-            LayerKind::SharesKv { donor: 1 },
-        ];
-        let mut sc = SchedulerConfig::new(layers, 16, o.num_blocks).unwrap();
+        let mut sc = SchedulerConfig::new(layers(), 16, o.num_blocks).unwrap();
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
         sc.max_num_batched_tokens = 1024;
@@ -107,6 +114,7 @@ impl TestServer {
                         tokenizer: tok.clone(),
                         eos_token_ids: vec![1],
                         max_consecutive_failures: o.max_failures,
+                        async_scheduling: o.async_scheduling,
                     },
                     Box::new(exec),
                 )

@@ -1,0 +1,152 @@
+//! The order of one step loop iteration, in both modes, and the executor calls.
+//!
+//! ```text
+//! async:  launch(N) │ apply(N−1): update · text · events │ deliver · commands · aborts │ schedule_ahead(N+1) │ collect(N)
+//! sync:   apply(N−1) · commands · aborts · schedule(N) │ launch(N) │ deliver · commands │ collect(N)
+//! ```
+//!
+//! In async mode, when nothing could be planned ahead (the requests in flight are all finishing),
+//! the next iteration falls back to the synchronous order for one step: apply, then plan.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use yoco_core::sched::StepPlan;
+
+use crate::executor::StepInputs;
+use crate::step_loop::{Collected, InFlight, StepLoop};
+
+impl StepLoop {
+    /// One iteration; false when the loop must stop (shutdown, or too many failed steps).
+    pub(crate) fn cycle(&mut self) -> bool {
+        let mut shutdown = false;
+        if self.planned.is_none() && self.in_flight.is_none() {
+            // Nothing runs: apply the last step, then plan after it.
+            if let Some(c) = self.collected.take() {
+                self.apply_step(c);
+            }
+            shutdown |= self.drain_commands();
+            self.apply_aborts();
+            self.planned = self.plan(false);
+            if self.planned.is_none() {
+                // Nothing runnable (everything finished, or every request waits on memory held
+                // by none: cannot happen with validated requests): deliver and idle briefly.
+                self.deliver();
+                self.publish_gauges();
+                if !self.live.is_empty() {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                return !shutdown && self.failures < self.max_failures;
+            }
+        }
+        if let Some(mut plan) = self.planned.take() {
+            if self.collected.as_ref().is_some_and(|c| c.error.is_some()) {
+                // The step whose samples these placeholders read failed: its requests (the only
+                // ones with placeholders here) are aborted below, so their rows are discarded.
+                plan.placeholder_indices.clear();
+                plan.placeholder_sources.clear();
+            }
+            self.launch(plan);
+        }
+
+        // The forward's shadow.
+        if let Some(c) = self.collected.take() {
+            self.apply_step(c);
+        }
+        self.deliver();
+        self.reap_closed();
+        shutdown |= self.drain_commands();
+        self.apply_aborts();
+        if self.ahead && self.in_flight.is_some() {
+            self.planned = self.plan(true);
+        }
+
+        if let Some(f) = self.in_flight.take() {
+            self.collected = Some(self.collect(f));
+        }
+        self.publish_gauges();
+        !shutdown && self.failures < self.max_failures
+    }
+
+    /// Plans a step (ahead of the one in flight, or after everything was applied); `None` when
+    /// the plan is empty.
+    fn plan(&mut self, ahead: bool) -> Option<StepPlan> {
+        let empty = if ahead {
+            self.sched.schedule_ahead().num_rows() == 0
+        } else {
+            self.sched.schedule().num_rows() == 0
+        };
+        (!empty).then(|| self.sched.take_plan())
+    }
+
+    /// Announces the plan's admissions and starts it.
+    fn launch(&mut self, plan: StepPlan) {
+        let t0 = Instant::now();
+        if let Some(prev) = self.last_step.replace(t0) {
+            self.stats.observe_step((t0 - prev).as_nanos() as u64);
+        }
+        let mut resumed = Vec::new();
+        for k in 0..plan.admitted_ids.len() {
+            let id = plan.admitted_ids[k];
+            if let Some(l) = self.live.get_mut(&id) {
+                if !l.admitted {
+                    l.admitted = true;
+                    l.cached = plan.admitted_num_cached[k].max(0) as u32;
+                } else {
+                    resumed.push((
+                        id,
+                        self.text
+                            .tokens(id)
+                            .map(<[u32]>::to_vec)
+                            .unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+        let plan = Arc::new(plan);
+        let ngroups = self.sched.num_groups();
+        let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
+        let launched = self.exec.launch(&StepInputs {
+            plan: &plan,
+            tables: &tables,
+            max_blocks_per_seq: self.sched.max_blocks_per_seq(),
+            resumed: &resumed,
+        });
+        self.in_flight = Some(InFlight { plan, launched });
+    }
+
+    /// Waits for the step in flight; its sampled ids go to `self.sampled`, checked against the
+    /// plan before anything else reads them (the next launch fills placeholders from them).
+    pub(crate) fn collect(&mut self, f: InFlight) -> Collected {
+        let num_samples = f.plan.num_samples();
+        let error = match f.launched {
+            Err(e) => Some(e.0),
+            Ok(()) => match self.exec.collect() {
+                Err(e) => Some(e.0),
+                Ok(s) if s.len() != num_samples => Some(format!(
+                    "executor returned {} sampled ids for {} sampling rows",
+                    s.len(),
+                    num_samples
+                )),
+                Ok(s) => match s.iter().position(|&t| t < 0) {
+                    Some(i) => Some(format!(
+                        "bad sampled ids: sampled[{i}] = {} is not a token id",
+                        s[i]
+                    )),
+                    None => {
+                        self.sampled.clear();
+                        self.sampled.extend_from_slice(s);
+                        None
+                    }
+                },
+            },
+        };
+        // The executor let go of the plan (or keeps its own clone): give the buffers back.
+        if let Ok(plan) = Arc::try_unwrap(f.plan) {
+            self.sched.recycle_plan(plan);
+        }
+        self.stats.steps.fetch_add(1, Relaxed);
+        Collected { num_samples, error }
+    }
+}
