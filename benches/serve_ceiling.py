@@ -5,11 +5,16 @@ Python/FastAPI ``yoco-serve``, both over a zero-cost executor, measured by the s
 1. Ceiling: 1 / 64 / 256 concurrent streams x 256 tokens (one burst): streamed tokens/s, TTFT
    p50/p95 of the burst, mean step period.
 2. Overlap: a forward of 5 ms (slept outside the loop thread / outside the GIL), 256 streams: steps
-   per second against the ideal 200 (the Rust loop's median step period from its step trace).
+   per second against the ideal 200 (the Rust loop's median step period from its step trace), and
+   the loop's time from a step's collect to the next launch (what a device waits for; its step trace
+   too) and the loop thread's CPU per step (`/proc/PID/task/TID/schedstat`, load-independent).
 3. Jitter: 256 streams served while new requests keep arriving (768 requests, 256 at a time):
    step period p50 / p99 from the step trace (zero-cost and 5 ms forward).
 
-    .venv/bin/python benches/serve_ceiling.py [--quick]
+The Rust server runs with async scheduling (its default) and, in the same run, with
+``--no-async-scheduling`` (``--rust-modes`` picks).
+
+    .venv/bin/python benches/serve_ceiling.py [--quick] [--servers python,rust] [--rust-modes async,sync]
 
 Prints a Markdown table (paste into benches/RESULTS.md with the date and the machine's load).
 """
@@ -71,8 +76,9 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["--port", str(self.port), "--max-num-seqs", "256", "--max-model-len", "4096"]
-        if kind == "rust":
-            cmd = [mock_bin, "--tokenizer", TOKENIZER, "--forward-ms", str(forward_ms), *common]
+        if kind.startswith("rust"):
+            mode = ["--no-async-scheduling"] if kind == "rust-sync" else []
+            cmd = [mock_bin, "--tokenizer", TOKENIZER, "--forward-ms", str(forward_ms), *common, *mode]
         else:
             cmd = [sys.executable, os.path.join(ROOT, "benches", "serve_mock_python.py"), "--forward-ms",
                    str(forward_ms), "--", *common, "--num-gpu-blocks-override", "8192", "--uvicorn-log-level",
@@ -82,11 +88,24 @@ class Server:
         wait_ready(self.url, self.proc)
         self.kind = kind
 
-    def trace(self) -> list[int]:
-        if self.kind != "rust":
+    def trace(self, which: str = "step") -> list[int]:
+        if not self.kind.startswith("rust"):
             return []
-        with urllib.request.urlopen(self.url + "/bench/step_trace") as r:
+        with urllib.request.urlopen(self.url + f"/bench/{which}_trace") as r:
             return json.loads(r.read())
+
+    def loop_cpu_ns(self) -> int:
+        """CPU time of the server's step-loop thread so far (0 when not found)."""
+        base = f"/proc/{self.proc.pid}/task"
+        try:
+            for tid in os.listdir(base):
+                with open(f"{base}/{tid}/comm") as f:
+                    if f.read().strip() == "yoco-step-loop":
+                        with open(f"{base}/{tid}/schedstat") as g:
+                            return int(g.read().split()[0])
+        except OSError:
+            pass
+        return 0
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGINT)
@@ -112,13 +131,21 @@ def pct(v: list, p: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer tokens (a smoke run)")
+    ap.add_argument("--servers", default="python,rust", help="which servers to run (python, rust)")
+    ap.add_argument("--rust-modes", default="async,sync", help="the Rust loop's scheduling modes to run")
     a = ap.parse_args()
     tokens = 64 if a.quick else 256
+    kinds = []
+    for k in a.servers.split(","):
+        if k == "rust":
+            kinds += ["rust" if m == "async" else "rust-sync" for m in a.rust_modes.split(",")]
+        else:
+            kinds.append(k)
     mock_bin, client = build()
     rows = []
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
     # 1. Ceiling.
-    for kind in ("python", "rust"):
+    for kind in kinds:
         srv = Server(kind, mock_bin, 0.0)
         try:
             load(client, srv.url, 16, 16)  # warm-up
@@ -130,7 +157,7 @@ def main() -> None:
             srv.stop()
     # 2. Overlap and 3. jitter.
     extra = []
-    for kind in ("python", "rust"):
+    for kind in kinds:
         for fwd in (5.0, 0.0):
             if kind == "python" and fwd == 0.0:
                 continue
@@ -138,13 +165,17 @@ def main() -> None:
             try:
                 load(client, srv.url, 16, 8)
                 srv.trace()
+                srv.trace("gap")
+                cpu0 = srv.loop_cpu_ns()
                 r = load(client, srv.url, 256, tokens)
-                tr = srv.trace()
+                cpu = (srv.loop_cpu_ns() - cpu0) / max(r["steps"], 1) / 1e3
+                tr, gaps = srv.trace(), srv.trace("gap")
                 steps_per_s = r["steps"] / r["wall_s"]
                 med = statistics.median(tr) if tr else float("nan")
                 r2 = load(client, srv.url, 256, tokens, requests=768)
                 tr2 = srv.trace()
-                extra.append((kind, fwd, r, steps_per_s, med, r2, pct(tr2, 0.5), pct(tr2, 0.99)))
+                extra.append((kind, fwd, r, steps_per_s, med, pct(gaps, 0.5), pct(gaps, 0.99), cpu, r2,
+                              pct(tr2, 0.5), pct(tr2, 0.99)))
                 print(kind, fwd, json.dumps(r), json.dumps(r2), flush=True)
             finally:
                 srv.stop()
@@ -154,13 +185,16 @@ def main() -> None:
     for _, kind, conc, r in rows:
         print(f"| {kind} | {conc} | {r['tokens_per_s']:,.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p95_ms']:.1f} | "
               f"{r['step_mean_ms']:.3f} | {r['client_cpu_share']:.2f} |")
-    print("\n| server | forward | 256 streams: steps/s (burst mean) | median step (ms) | "
-          "768 arriving: tokens/s | step p50 / p99 (ms) | p99 / p50 |")
-    print("|---|---|---|---|---|---|---|")
-    for kind, fwd, r, sps, med, r2, p50, p99 in extra:
+    print("\n| server | forward | 256 streams: steps/s (burst mean) | median step (ms) | collect→launch p50 / p99 "
+          "(µs) | loop CPU per step (µs) | 768 arriving: tokens/s | step p50 / p99 (ms) | p99 / p50 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind, fwd, r, sps, med, g50, g99, cpu, r2, p50, p99 in extra:
         ratio = p99 / p50 if p50 == p50 and p50 else float("nan")
-        print(f"| {kind} | {fwd:g} ms | {sps:,.0f} | {med / 1e3:.3f} | {r2['tokens_per_s']:,.0f} | "
-              f"{p50 / 1e3:.3f} / {p99 / 1e3:.3f} | {ratio:.2f} |")
+        rust = kind.startswith("rust")
+        gap = f"{g50:.0f} / {g99:.0f}" if rust else "–"
+        cpu_s = f"{cpu:.0f}" if rust else "–"
+        print(f"| {kind} | {fwd:g} ms | {sps:,.0f} | {med / 1e3:.3f} | {gap} | {cpu_s} | "
+              f"{r2['tokens_per_s']:,.0f} | {p50 / 1e3:.3f} / {p99 / 1e3:.3f} | {ratio:.2f} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ equal the server's (``yoco:prompt_tokens_total`` / ``yoco:generation_tokens_tota
 
     benches/serve_guidellm.sh                      # all four configs, concurrency 1, 4, 16
     .venv/bin/python benches/serve_guidellm.py --levels 1,4 --requests 16 --configs fp+pc
+    .venv/bin/python benches/serve_guidellm.py --configs fp+pc,rust,rust-sync --rounds 2   # Rust vs Python
 
 Needs ``make setup`` (guidellm 0.8.1 is in the locked dev dependencies). Runs
 offline: the tokenizer is the bundled model's directory. Prints a Markdown table (for RESULTS.md).
@@ -30,6 +31,9 @@ CONFIGS = {  # name -> yoco-serve flags
     "fp": ["--no-enable-prefix-caching"],
     "pc": ["--no-kv-sharing-fast-prefill"],
     "none": ["--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
+    # The Rust serving path (fast prefill and prefix caching on, like fp+pc), async scheduling on/off.
+    "rust": ["--frontend", "rust"],
+    "rust-sync": ["--frontend", "rust", "--no-async-scheduling"],
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
@@ -148,7 +152,7 @@ def run_config(name: str, rnd: int, levels: list[int], args, json_dir: str) -> d
     return dict(rows=rows, wall=wall, gl=gl, srv=srv_counts,
                 match=round(gl[0]) == srv_counts[0] and round(gl[1]) == srv_counts[1],
                 hit=d["yoco:prefix_cache_hits_total"] / max(d["yoco:prefix_cache_queries_total"], 1),
-                cross=d["yoco:cross_decoder_rows_total"] / max(d["yoco:scheduled_tokens_total"], 1))
+                cross=d.get("yoco:cross_decoder_rows_total", float("nan")) / max(d.get("yoco:scheduled_tokens_total", 0), 1))
 
 
 def main(argv=None) -> int:
@@ -188,7 +192,8 @@ def main(argv=None) -> int:
     print(f"\nWorkload: GuideLLM 0.8.1 concurrent profile, {args.requests} requests per level, synthetic text with "
           f"{args.prefix_count} shared prefixes of {args.prefix_tokens} tokens + {args.prompt_tokens} unique prompt "
           f"tokens, {args.output_tokens} output tokens (ignore_eos), {args.api}; {args.rounds} round(s), medians. "
-          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching.\n")
+          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching; rust = --frontend rust (fp+pc), "
+          f"rust-sync = the same with --no-async-scheduling.\n")
     print("| config | concurrency | TTFT p50 ms | TTFT p95 ms | ITL mean ms | ITL p50 ms | output tok/s | "
           "prefix hit rate | cross rows / scheduled | GuideLLM tokens = server's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -206,6 +211,18 @@ def main(argv=None) -> int:
         for lv in levels:
             base = med("none", lv, "ttft_p50")
             print(f"| {lv} | " + " | ".join(f"{med(n, lv, 'ttft_p50') / base:.2f}" for n in names) + " |")
+    rust = [n for n in names if n.startswith("rust")]
+    if "fp+pc" in names and rust:
+        print("\nThe Rust serving path relative to the Python server (`fp+pc`, same run; TTFT p50, ITL mean, "
+              "output tok/s):\n")
+        print("| concurrency | " + " | ".join(f"{n}: TTFT / ITL / tok/s" for n in rust) + " |")
+        print("|---|" + "---|" * len(rust))
+        for lv in levels:
+            cells = []
+            for n in rust:
+                ratios = [med(n, lv, k) / med("fp+pc", lv, k) for k in ("ttft_p50", "itl_mean", "out_tps")]
+                cells.append(" / ".join(f"{x:.2f}" for x in ratios))
+            print(f"| {lv} | " + " | ".join(cells) + " |")
     if mismatches:
         print(f"token counts differ for: {mismatches}", file=sys.stderr)
         return 1

@@ -195,6 +195,12 @@ pub fn serve_http(
     }
     let tok = Tokenizer::from_file(&tokenizer_file)
         .map_err(|e| PyValueError::new_err(format!("{tokenizer_file}: {e}")))?;
+    // The HTTP runtime first: the loops hand their events to a task on it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("yoco-http")
+        .build()
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
     let mut handles = Vec::with_capacity(loops.len());
     for (scheduler, executor) in loops {
         let (config, num_groups) = {
@@ -208,7 +214,7 @@ pub fn serve_http(
             block_size,
             sampled: Vec::new(),
         };
-        let engine = yoco_server::EngineHandle::start(
+        let engine = yoco_server::EngineHandle::start_delivering_on(
             LoopConfig {
                 scheduler: config,
                 tokenizer: tok.clone(),
@@ -217,6 +223,7 @@ pub fn serve_http(
                 async_scheduling,
             },
             Box::new(exec),
+            rt.handle(),
         )
         .map_err(PyValueError::new_err)?;
         handles.push(engine);
@@ -236,11 +243,6 @@ pub fn serve_http(
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
     let result = py.detach(move || -> Result<(), String> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("yoco-http")
-            .build()
-            .map_err(|e| e.to_string())?;
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await

@@ -56,11 +56,30 @@ struct HandleInner {
 }
 
 impl EngineHandle {
-    /// Starts the loop on its own thread.
+    /// Starts the loop on its own thread; it sends each request's events itself.
     pub fn start(config: LoopConfig, executor: Box<dyn Executor>) -> Result<Self, String> {
+        Self::start_with(config, executor, None)
+    }
+
+    /// Starts the loop on its own thread, its events delivered by a task on `rt` (the front end's
+    /// runtime): the step's wakes of the requests' tasks then cost the loop thread one send
+    /// instead of one cross-thread wake per request (see `delivery.rs`).
+    pub fn start_delivering_on(
+        config: LoopConfig,
+        executor: Box<dyn Executor>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<Self, String> {
+        Self::start_with(config, executor, Some(rt.clone()))
+    }
+
+    fn start_with(
+        config: LoopConfig,
+        executor: Box<dyn Executor>,
+        rt: Option<tokio::runtime::Handle>,
+    ) -> Result<Self, String> {
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel();
-        let mut state = StepLoop::new(config, executor, rx, stats.clone())?;
+        let mut state = StepLoop::new(config, executor, rx, stats.clone(), rt)?;
         let thread = std::thread::Builder::new()
             .name("yoco-step-loop".into())
             .spawn(move || state.run())

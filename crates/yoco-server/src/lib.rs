@@ -30,6 +30,7 @@
 mod answer;
 pub mod app;
 mod completions;
+mod delivery;
 pub mod dispatch;
 pub mod executor;
 pub mod handle;

@@ -51,6 +51,9 @@ pub struct Stats {
     step_hist: Vec<AtomicU64>,
     step_sum_ns: AtomicU64,
     trace: Mutex<Vec<u32>>,
+    /// Per step, µs from the previous step's `collect` returning to this step's `launch` starting:
+    /// what the device waits for the loop between two forwards.
+    gaps: Mutex<Vec<u32>>,
     tracing: AtomicBool,
 }
 
@@ -74,6 +77,7 @@ impl Default for Stats {
                 .collect(),
             step_sum_ns: AtomicU64::new(0),
             trace: Mutex::new(Vec::new()),
+            gaps: Mutex::new(Vec::new()),
             tracing: AtomicBool::new(false),
         }
     }
@@ -106,10 +110,27 @@ impl Stats {
         (out, self.step_sum_ns.load(Relaxed) as f64 * 1e-9)
     }
 
+    /// Records the loop's time between a `collect` returning and the next `launch` (traced only).
+    pub(crate) fn observe_gap(&self, gap_ns: u64) {
+        if self.tracing.load(Relaxed) {
+            let mut t = self.gaps.lock().unwrap();
+            if t.len() < TRACE_CAP {
+                t.push((gap_ns / 1000).min(u32::MAX as u64) as u32);
+            }
+        }
+    }
+
     /// Starts (or keeps) recording each step's period, and returns those recorded since the last
     /// call, in µs (benchmarks: exact percentiles of a measured window).
     pub fn take_step_trace(&self) -> Vec<u32> {
         self.tracing.store(true, Relaxed);
         std::mem::take(&mut *self.trace.lock().unwrap())
+    }
+
+    /// As [`Stats::take_step_trace`], for the gaps between a step's `collect` and the next
+    /// `launch` (µs): the device's idle time the loop causes.
+    pub fn take_gap_trace(&self) -> Vec<u32> {
+        self.tracing.store(true, Relaxed);
+        std::mem::take(&mut *self.gaps.lock().unwrap())
     }
 }

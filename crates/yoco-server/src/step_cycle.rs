@@ -64,6 +64,7 @@ impl StepLoop {
 
         if let Some(f) = self.in_flight.take() {
             self.collected = Some(self.collect(f));
+            self.collected_at = Some(Instant::now());
         }
         self.publish_gauges();
         !shutdown && self.failures < self.max_failures
@@ -85,6 +86,9 @@ impl StepLoop {
         let t0 = Instant::now();
         if let Some(prev) = self.last_step.replace(t0) {
             self.stats.observe_step((t0 - prev).as_nanos() as u64);
+        }
+        if let Some(c) = self.collected_at.take() {
+            self.stats.observe_gap((t0 - c).as_nanos() as u64);
         }
         let mut resumed = Vec::new();
         for k in 0..plan.admitted_ids.len() {

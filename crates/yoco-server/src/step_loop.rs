@@ -31,6 +31,7 @@ use yoco_core::kv::HashExtras;
 use yoco_core::sched::{NewRequest, Scheduler, StepPlan};
 use yoco_text::{SeqOptions, TextBatch};
 
+use crate::delivery::RuntimeDelivery;
 use crate::executor::{ExecError, Executor};
 use crate::handle::LoopConfig;
 use crate::output::{Event, FinishReason, Finished, StopReason};
@@ -99,6 +100,10 @@ pub(crate) struct StepLoop {
     /// The sampled ids of `collected` (reused buffer).
     pub(crate) sampled: Vec<i32>,
     pub(crate) last_step: Option<Instant>,
+    /// When the last `collect` returned (for the gap trace).
+    pub(crate) collected_at: Option<Instant>,
+    /// Events go out through a task on the front end's runtime (else from this thread).
+    delivery: Option<RuntimeDelivery>,
 }
 
 impl StepLoop {
@@ -107,6 +112,7 @@ impl StepLoop {
         exec: Box<dyn Executor>,
         rx: Receiver<Command>,
         stats: Arc<Stats>,
+        delivery: Option<tokio::runtime::Handle>,
     ) -> Result<Self, String> {
         Ok(StepLoop {
             sched: Scheduler::new(config.scheduler).map_err(|e| e.to_string())?,
@@ -126,6 +132,8 @@ impl StepLoop {
             collected: None,
             sampled: Vec::new(),
             last_step: None,
+            collected_at: None,
+            delivery: delivery.as_ref().map(RuntimeDelivery::spawn),
         })
     }
 
@@ -143,6 +151,7 @@ impl StepLoop {
         loop {
             if self.idle() {
                 self.last_step = None;
+                self.collected_at = None;
                 match self.rx.recv() {
                     Ok(cmd) => {
                         if self.command(cmd) {
@@ -320,8 +329,33 @@ impl StepLoop {
         ));
     }
 
-    /// Sends the outbox; a closed channel (client gone) aborts its request.
+    /// Sends the outbox; a closed channel (client gone) aborts its request (here, or at the next
+    /// `reap_closed` when a runtime task delivers).
     pub(crate) fn deliver(&mut self) {
+        if self.outbox.is_empty() {
+            return;
+        }
+        if let Some(d) = &self.delivery {
+            let mut batch = d.batch();
+            for (id, ev, last) in self.outbox.drain(..) {
+                let tx = match last {
+                    Some(tx) => tx,
+                    None => match self.live.get(&id) {
+                        Some(l) => l.tx.clone(),
+                        None => continue, // ended since; its last event carries the sender
+                    },
+                };
+                batch.push((ev, tx));
+            }
+            if let Err(batch) = d.send(batch) {
+                // The runtime is gone (shutdown): deliver from here from now on.
+                for (ev, tx) in batch {
+                    let _ = tx.send(ev);
+                }
+                self.delivery = None;
+            }
+            return;
+        }
         for (id, ev, last) in self.outbox.drain(..) {
             let sent = match &last {
                 Some(tx) => tx.send(ev).is_ok(),

@@ -99,6 +99,7 @@ impl StepLoop {
             let tail = l.stream.then(|| (delta, token_id.into_iter().collect()));
             self.end(id, FinishReason::from_core(fin), stop_reason, None, tail);
         }
+        self.text.recycle_step(step);
     }
 
     /// The oldest step awaiting update failed (its executor call, or its sampled ids): abort every

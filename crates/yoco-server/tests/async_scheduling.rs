@@ -27,10 +27,13 @@ fn spied(trace: &Trace) -> MockModel {
     })
 }
 
+/// The synchronous server also delivers its events from the loop thread (the other delivery
+/// path), so the comparisons cover both.
 fn server(async_scheduling: bool, trace: &Trace) -> TestServer {
     TestServer::start(Opts {
         exec: Some(spied(trace)),
         async_scheduling,
+        direct_delivery: !async_scheduling,
         ..Default::default()
     })
 }

@@ -3,7 +3,7 @@
 use rustc_hash::FxHashMap;
 use tokenizers::Tokenizer;
 
-use crate::incremental::{decode, Detok, IncrementalDecoder};
+use crate::incremental::{decode, DecodeScratch, Detok, IncrementalDecoder};
 use crate::pieces::PieceDecoder;
 use crate::stop::StopStrings;
 use crate::PROMPT_CONTEXT_TOKENS;
@@ -69,11 +69,17 @@ impl SeqText {
     /// request's text does not depend on whether it streamed (vLLM builds both from one incremental
     /// detokenizer). Text still held back at the end (an incomplete UTF-8 sequence) is never
     /// emitted, as in vLLM.
-    fn catch_up(&mut self, tok: Detok<'_>, n: usize) -> Result<(), TextError> {
+    fn catch_up(
+        &mut self,
+        tok: Detok<'_>,
+        scratch: &mut DecodeScratch,
+        n: usize,
+    ) -> Result<(), TextError> {
         let skip = self.opts.skip_special_tokens;
         while self.decoded < n {
-            let piece = self.decoder.push(tok, self.tokens[self.decoded], skip)?;
-            self.text.push_str(&piece);
+            let id = self.tokens[self.decoded];
+            self.decoder
+                .push_into(tok, id, skip, scratch, &mut self.text)?;
             self.decoded += 1;
         }
         Ok(())
@@ -107,6 +113,8 @@ pub struct TextBatch {
     tok: Tokenizer,
     /// The tokenizer's piece table, when its decoder has one ([`PieceDecoder`]).
     pieces: Option<PieceDecoder>,
+    /// Decoding buffers shared by every request (no allocation per token).
+    scratch: DecodeScratch,
     seqs: FxHashMap<u64, SeqText>,
     out: StepText,
 }
@@ -116,6 +124,7 @@ impl TextBatch {
     pub fn new(tok: Tokenizer) -> Self {
         Self {
             pieces: PieceDecoder::new(&tok),
+            scratch: DecodeScratch::default(),
             tok,
             seqs: FxHashMap::default(),
             out: StepText::default(),
@@ -214,6 +223,7 @@ impl TextBatch {
                     tok: &self.tok,
                     pieces: self.pieces.as_ref(),
                 },
+                &mut self.scratch,
                 n,
             )
             .is_err()
@@ -263,6 +273,7 @@ impl TextBatch {
                             tok: &self.tok,
                             pieces: self.pieces.as_ref(),
                         },
+                        &mut self.scratch,
                         n,
                     )?;
                     seq.finished = true;
@@ -270,15 +281,12 @@ impl TextBatch {
                 continue;
             }
             if decode_tok {
-                let piece = seq.decoder.push(
-                    Detok {
-                        tok: &self.tok,
-                        pieces: self.pieces.as_ref(),
-                    },
-                    tok as u32,
-                    skip,
-                )?;
-                seq.text.push_str(&piece);
+                let d = Detok {
+                    tok: &self.tok,
+                    pieces: self.pieces.as_ref(),
+                };
+                seq.decoder
+                    .push_into(d, tok as u32, skip, &mut self.scratch, &mut seq.text)?;
             }
             seq.decoded = seq.tokens.len();
             if code != 0 {
@@ -320,9 +328,18 @@ impl TextBatch {
     }
 
     /// Moves the last [`TextBatch::step`]'s result out (its strings without copying); the next
-    /// step starts from empty buffers.
+    /// step starts from empty buffers unless this one is given back ([`TextBatch::recycle_step`]).
     pub fn take_step(&mut self) -> StepText {
         std::mem::take(&mut self.out)
+    }
+
+    /// Gives back a [`StepText`] from [`TextBatch::take_step`] once its strings were moved out, so
+    /// the next step writes into its already allocated arrays.
+    pub fn recycle_step(&mut self, mut old: StepText) {
+        if old.delta_idx.capacity() > self.out.delta_idx.capacity() {
+            old.clear();
+            self.out = old;
+        }
     }
 
     /// Decodes a whole id sequence.

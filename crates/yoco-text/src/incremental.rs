@@ -57,8 +57,24 @@ impl IncrementalDecoder {
         id: u32,
         skip_special: bool,
     ) -> Result<String, TextError> {
+        let mut out = String::new();
+        let mut scratch = DecodeScratch::default();
+        self.push_into(tok.into(), id, skip_special, &mut scratch, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`IncrementalDecoder::push`] appending the text to `out`, decoding in `scratch`: no
+    /// allocation per token once the buffers have grown (the batch's path).
+    pub fn push_into(
+        &mut self,
+        tok: Detok<'_>,
+        id: u32,
+        skip_special: bool,
+        scratch: &mut DecodeScratch,
+        out: &mut String,
+    ) -> Result<(), TextError> {
         self.ids.push(id);
-        self.emit(tok.into(), skip_special, false)
+        self.emit(tok, skip_special, false, scratch, out)
     }
 
     /// Appends tokens without decoding them (the next `push`/`flush` decodes them together).
@@ -72,41 +88,83 @@ impl IncrementalDecoder {
         tok: impl Into<Detok<'a>>,
         skip_special: bool,
     ) -> Result<String, TextError> {
+        let mut out = String::new();
         if self.read_offset == self.ids.len() {
-            return Ok(String::new());
+            return Ok(out);
         }
-        self.emit(tok.into(), skip_special, true)
+        let mut scratch = DecodeScratch::default();
+        self.emit(tok.into(), skip_special, true, &mut scratch, &mut out)?;
+        Ok(out)
     }
 
+    /// Appends to `out` the text the tokens since the last emission complete, unless it still
+    /// ends in an incomplete character or adds nothing (then it waits), or when `force`d.
     fn emit(
         &mut self,
         tok: Detok<'_>,
         skip_special: bool,
         force: bool,
-    ) -> Result<String, TextError> {
-        let prefix = decode(
-            tok,
-            &self.ids[self.prefix_offset..self.read_offset],
-            skip_special,
-        )?;
-        let full = decode(tok, &self.ids[self.prefix_offset..], skip_special)?;
+        scratch: &mut DecodeScratch,
+        out: &mut String,
+    ) -> Result<(), TextError> {
+        let DecodeScratch {
+            prefix,
+            full,
+            bytes,
+        } = scratch;
+        let window = &self.ids[self.prefix_offset..];
+        let read = self.read_offset - self.prefix_offset;
+        decode_into(tok, &window[..read], skip_special, prefix, bytes)?;
+        decode_into(tok, window, skip_special, full, bytes)?;
         if !force && (full.len() <= prefix.len() || full.ends_with('\u{FFFD}')) {
-            return Ok(String::new());
+            return Ok(());
         }
-        let delta = if full.starts_with(&prefix) {
-            full[prefix.len()..].to_string()
+        if full.starts_with(prefix.as_str()) {
+            out.push_str(&full[prefix.len()..]);
         } else {
             // The decoder rewrote the context (rare); emit from the first char boundary past it.
             let mut cut = prefix.len().min(full.len());
             while !full.is_char_boundary(cut) {
                 cut += 1;
             }
-            full[cut..].to_string()
-        };
+            out.push_str(&full[cut..]);
+        }
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();
-        Ok(delta)
+        Ok(())
     }
+}
+
+/// Buffers an [`IncrementalDecoder`] decodes its windows into, reused across tokens and requests
+/// (a [`crate::TextBatch`] holds one).
+#[derive(Debug, Default)]
+pub struct DecodeScratch {
+    prefix: String,
+    full: String,
+    bytes: Vec<u8>,
+}
+
+/// `decode`, into `out` (cleared first); `bytes` is scratch for byte-fallback runs.
+fn decode_into(
+    tok: Detok<'_>,
+    ids: &[u32],
+    skip_special: bool,
+    out: &mut String,
+    bytes: &mut Vec<u8>,
+) -> Result<(), TextError> {
+    out.clear();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    match tok.pieces {
+        Some(p) => p.decode_into(ids, skip_special, out, bytes),
+        None => out.push_str(
+            &tok.tok
+                .decode(ids, skip_special)
+                .map_err(|e| TextError::Tokenizer(e.to_string()))?,
+        ),
+    }
+    Ok(())
 }
 
 pub(crate) fn decode(tok: Detok<'_>, ids: &[u32], skip_special: bool) -> Result<String, TextError> {

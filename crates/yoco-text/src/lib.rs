@@ -17,7 +17,7 @@ mod pieces;
 mod stop;
 
 pub use batch::{SeqOptions, StepText, TextBatch, TextError};
-pub use incremental::{Detok, IncrementalDecoder};
+pub use incremental::{DecodeScratch, Detok, IncrementalDecoder};
 pub use pieces::PieceDecoder;
 pub use stop::StopStrings;
 

@@ -96,7 +96,19 @@ impl PieceDecoder {
     /// `Tokenizer::decode(ids, skip_special)`.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut out = String::new();
-        let mut bytes: Vec<u8> = Vec::new();
+        self.decode_into(ids, skip_special, &mut out, &mut Vec::new());
+        out
+    }
+
+    /// [`PieceDecoder::decode`] appended to `out`; `bytes` is scratch for byte-fallback runs.
+    pub fn decode_into(
+        &self,
+        ids: &[u32],
+        skip_special: bool,
+        out: &mut String,
+        bytes: &mut Vec<u8>,
+    ) {
+        bytes.clear();
         for &id in ids {
             match self.pieces.get(id as usize).copied() {
                 None | Some(Piece::Missing) => {}
@@ -104,13 +116,12 @@ impl PieceDecoder {
                     if skip_special && special => {}
                 Some(Piece::Byte { byte, .. }) => bytes.push(byte),
                 Some(Piece::Text { start, len, .. }) => {
-                    flush(&mut bytes, &mut out);
+                    flush(bytes, out);
                     out.push_str(&self.arena[start as usize..(start + len) as usize]);
                 }
             }
         }
-        flush(&mut bytes, &mut out);
-        out
+        flush(bytes, out);
     }
 }
 

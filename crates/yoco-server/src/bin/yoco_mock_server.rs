@@ -9,8 +9,9 @@
 //!     [--data-parallel-size N] [--no-async-scheduling]
 //! ```
 //!
-//! Extra route for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
-//! the previous call (the first call starts recording).
+//! Extra routes for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
+//! the previous call (the first call starts recording), `GET /bench/gap_trace` the loop's time from a
+//! step's `collect` to the next `launch` (µs), likewise.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -135,6 +136,10 @@ fn main() {
     sc.max_num_seqs = a.max_num_seqs;
     sc.max_model_len = a.max_model_len;
     sc.max_num_batched_tokens = 8192.max(a.max_model_len);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
     let loops: Vec<EngineHandle> = (0..a.data_parallel_size)
         .map(|_| {
             let exec = MockModel::new(
@@ -149,7 +154,7 @@ fn main() {
                 max_consecutive_failures: 8,
                 async_scheduling: a.async_scheduling,
             };
-            EngineHandle::start(cfg, Box::new(exec)).expect("step loop")
+            EngineHandle::start_delivering_on(cfg, Box::new(exec), rt.handle()).expect("step loop")
         })
         .collect();
     let mut cfg = AppConfig::new(&a.name, a.max_model_len, vocab);
@@ -157,10 +162,6 @@ fn main() {
     cfg.api_keys = a.api_keys;
     cfg.metrics_prefix = a.metrics_prefix;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().expect("address");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
     let stop_all = loops.clone();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -171,13 +172,22 @@ fn main() {
             });
         // The step trace of loop 0 (benchmarks run one loop).
         let stats = loops[0].stats().clone();
-        let app = yoco_server::router(cfg, yoco_server::Engines::new(loops), tok).route(
-            "/bench/step_trace",
-            get(move || {
-                let s = stats.clone();
-                async move { axum::Json(s.take_step_trace()) }
-            }),
-        );
+        let gap_stats = stats.clone();
+        let app = yoco_server::router(cfg, yoco_server::Engines::new(loops), tok)
+            .route(
+                "/bench/step_trace",
+                get(move || {
+                    let s = stats.clone();
+                    async move { axum::Json(s.take_step_trace()) }
+                }),
+            )
+            .route(
+                "/bench/gap_trace",
+                get(move || {
+                    let s = gap_stats.clone();
+                    async move { axum::Json(s.take_gap_trace()) }
+                }),
+            );
         eprintln!(
             "yoco-mock-server: serving on http://{}",
             listener.local_addr().unwrap()

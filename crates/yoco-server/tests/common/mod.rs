@@ -72,6 +72,9 @@ pub struct Opts {
     pub exec_of: Option<fn(usize, u32) -> MockModel>,
     /// The loops' scheduling mode (default: async, as served).
     pub async_scheduling: bool,
+    /// Events sent from the loop thread itself instead of a task on the server's runtime (the
+    /// servers' way, the default).
+    pub direct_delivery: bool,
 }
 
 impl Default for Opts {
@@ -88,6 +91,7 @@ impl Default for Opts {
             loops: 1,
             exec_of: None,
             async_scheduling: true,
+            direct_delivery: false,
         }
     }
 }
@@ -100,6 +104,11 @@ impl TestServer {
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
         sc.max_num_batched_tokens = 1024;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         let mut first = o.exec;
         let loops: Vec<EngineHandle> = (0..o.loops.max(1))
             .map(|i| {
@@ -108,28 +117,24 @@ impl TestServer {
                     (None, Some(f)) => f(i, vocab),
                     (None, None) => MockModel::new(vocab, 16, o.forward),
                 };
-                EngineHandle::start(
-                    LoopConfig {
-                        scheduler: sc.clone(),
-                        tokenizer: tok.clone(),
-                        eos_token_ids: vec![1],
-                        max_consecutive_failures: o.max_failures,
-                        async_scheduling: o.async_scheduling,
-                    },
-                    Box::new(exec),
-                )
-                .unwrap()
+                let cfg = LoopConfig {
+                    scheduler: sc.clone(),
+                    tokenizer: tok.clone(),
+                    eos_token_ids: vec![1],
+                    max_consecutive_failures: o.max_failures,
+                    async_scheduling: o.async_scheduling,
+                };
+                if o.direct_delivery {
+                    EngineHandle::start(cfg, Box::new(exec)).unwrap()
+                } else {
+                    EngineHandle::start_delivering_on(cfg, Box::new(exec), rt.handle()).unwrap()
+                }
             })
             .collect();
         let mut cfg = AppConfig::new("mock", o.max_model_len, vocab);
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
         cfg.bos_token_id = Some(BOS);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let app = yoco_server::router(cfg, Engines::new(loops.clone()), tok);
         let listener = rt
