@@ -45,11 +45,18 @@ fn main() {
     let vocab = tok.get_vocab_size(true) as u32;
     println!(
         "| scheduling | streams | period mean (µs) | p50 (µs) | p99 (µs) | loop CPU per step (µs) | \
-         collect→launch p50 / p99 (µs) | steps | deltas delivered |"
+         collect→launch p50 / p99 (µs) | steps | deltas delivered | steps total |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    // `STEP_LOOP_ONLY=async:256` (mode:streams) runs one case: for callgrind, whose per-thread
+    // instruction counts over `steps total` are load-independent.
+    let only = std::env::var("STEP_LOOP_ONLY").ok();
     for async_scheduling in [true, false] {
         for n in [1u32, 64, 256] {
+            let mode = if async_scheduling { "async" } else { "sync" };
+            if only.as_ref().is_some_and(|o| *o != format!("{mode}:{n}")) {
+                continue;
+            }
             let layers = vec![
                 LayerKind::Sliding { window: 512 },
                 LayerKind::Full,
@@ -147,14 +154,14 @@ fn main() {
             trace.truncate(600);
             gaps.truncate(600);
             engine.shutdown();
+            let total_steps = st.steps.load(Relaxed);
             let events = consumer.join().unwrap_or(0);
             trace.sort_unstable();
             gaps.sort_unstable();
             let mean = trace.iter().map(|&x| x as f64).sum::<f64>() / trace.len() as f64;
             let p = |v: &[u32], q: f64| v[((v.len() - 1) as f64 * q) as usize];
             println!(
-                "| {} | {n} | {mean:.1} | {} | {} | {cpu:.1} | {} / {} | {} | {events} |",
-                if async_scheduling { "async" } else { "sync" },
+                "| {mode} | {n} | {mean:.1} | {} | {} | {cpu:.1} | {} / {} | {} | {events} | {total_steps} |",
                 p(&trace, 0.5),
                 p(&trace, 0.99),
                 p(&gaps, 0.5),
