@@ -274,3 +274,45 @@ fn at_most_one_step_runs_ahead() {
     d.schedule();
     d.s.schedule_ahead();
 }
+
+#[test]
+fn sliding_window_blocks_are_indexed_before_the_window_releases_them() {
+    // Window 8, block = sub-block 4: a 32-token prompt's first blocks leave the window in the very
+    // next plan, which async mode builds before the prefill's update. They must still be indexed
+    // (released only after that update), so a later request sharing 24 tokens hits them as it
+    // does in synchronous mode, and reads the right KV.
+    let mut c = config(4, 64);
+    c.layers = vec![
+        yoco_core::kv::LayerKind::Sliding { window: 8 },
+        yoco_core::kv::LayerKind::Full,
+    ];
+    c.kv.num_blocks = vec![64, 64];
+    let prompt = tokens(12, 32);
+    let mut p2 = prompt[..24].to_vec();
+    p2.extend(tokens(13, 6));
+
+    let mut d = Driver::new(c.clone());
+    d.add(req(1, prompt.clone(), 3));
+    d.run(20);
+    d.add(req(2, p2.clone(), 3));
+    let (p, _) = d.step();
+    assert_eq!(
+        p.admitted_num_cached,
+        [24],
+        "synchronous: the shared prefix is a hit"
+    );
+
+    let mut d = AsyncDriver::new(c);
+    let want = d.reference(&p2, 3, &[]);
+    d.add(req(1, prompt, 3));
+    d.run(20);
+    d.add(req(2, p2, 3));
+    let p = d.schedule();
+    assert_eq!(
+        p.admitted_num_cached,
+        [24],
+        "async: the same KV was indexed"
+    );
+    assert_eq!(d.run(20).remove(&2).unwrap(), want);
+    assert_eq!(d.s.stats().kv.blocks_used, 0);
+}

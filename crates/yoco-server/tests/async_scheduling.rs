@@ -198,3 +198,34 @@ fn a_stop_string_ends_its_request_one_step_late_without_emitting_the_extra_token
         "async: one more step was already running when the match was found"
     );
 }
+
+#[test]
+fn a_prefix_longer_than_the_sliding_window_is_cached_as_in_synchronous_mode() {
+    // The test layout's sliding window is 64 tokens: the first blocks of a 200-token prompt leave
+    // the window in the plan built right after the prefill, before its update. They must still
+    // be indexed, so a second request sharing 160 tokens hits them.
+    let (ta, ts) = (Trace::default(), Trace::default());
+    let (a, s) = (server(true, &ta), server(false, &ts));
+    let first: Vec<u32> = (0..200).map(|t| 300 + t).collect();
+    let mut second = first[..160].to_vec();
+    second.extend(1000..1040);
+    let cached = |srv: &TestServer| {
+        for p in [&first, &second] {
+            let (st, v) = srv.json(
+                "/v1/completions",
+                &json!({"prompt": p, "max_tokens": 4}).to_string(),
+            );
+            assert_eq!(st, 200, "{v}");
+            if std::ptr::eq(p, &second) {
+                return v["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+            }
+        }
+        unreachable!()
+    };
+    let (ca, cs) = (cached(&a), cached(&s));
+    assert_eq!(
+        cs, 160,
+        "synchronous: the shared prefix is served from the cache"
+    );
+    assert_eq!(ca, cs, "async scheduling caches the same prefix");
+}

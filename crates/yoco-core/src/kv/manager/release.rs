@@ -40,8 +40,19 @@ impl KvManager {
     }
 
     /// Releases leading blocks of a sliding group that no token from `num_computed` on can see.
+    ///
+    /// With prefix caching, only blocks whose KV is committed go: with async scheduling the step
+    /// that wrote the others awaits its update (the next plan is built first), and releasing them
+    /// now would free them before their sub-blocks are indexed, so no later request could hit
+    /// that part of the prefix in this group (and so in any). They go at the first allocation
+    /// after the update, indexed, as in synchronous mode, where the limit never binds (`update`
+    /// commits everything computed before the next `schedule`).
     pub(super) fn release_out_of_window(&mut self, seq: &mut SeqKv, g: usize, num_computed: usize) {
-        let skip_blocks = (self.skipped_tokens(g, num_computed) / self.bs).min(seq.tables[g].len());
+        let mut skip_blocks =
+            (self.skipped_tokens(g, num_computed) / self.bs).min(seq.tables[g].len());
+        if self.config.enable_prefix_caching {
+            skip_blocks = skip_blocks.min(seq.num_committed / self.bs);
+        }
         let first = seq.num_null[g] as usize;
         if skip_blocks <= first {
             return;
