@@ -68,6 +68,14 @@ def test_rust_frontend_without_async_scheduling_gives_the_same_text(server, refe
         a = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
         b = httpx.post(s.url + "/v1/completions", json=body, timeout=120).json()
         assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+        # A shared prefix longer than the model's sliding window (64) is cached the same way.
+        first = list(range(500, 700))
+        cached = []
+        for srv in (server, s):
+            for prompt in (first, first[:160] + list(range(900, 920))):
+                r = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=120)
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert cached[0] == cached[1] and cached[0] >= 144, cached
     finally:
         s.kill()
 
