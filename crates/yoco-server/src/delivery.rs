@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
 use crate::output::Event;
+use crate::step_loop::StepLoop;
 
 /// One step's events with their channels.
 pub(crate) type Batch = Vec<(Event, UnboundedSender<Event>)>;
@@ -49,5 +50,58 @@ impl RuntimeDelivery {
     /// the caller to deliver itself.
     pub(crate) fn send(&self, batch: Batch) -> Result<(), Batch> {
         self.tx.send(batch).map_err(|e| e.0)
+    }
+}
+
+impl StepLoop {
+    /// Sends the outbox; a closed channel (client gone) aborts its request (here, or at the next
+    /// `reap_closed` when a runtime task delivers).
+    pub(crate) fn deliver(&mut self) {
+        if self.outbox.is_empty() {
+            return;
+        }
+        if let Some(d) = &self.delivery {
+            let mut batch = d.batch();
+            for (id, ev, last) in self.outbox.drain(..) {
+                let tx = match last {
+                    Some(tx) => tx,
+                    None => match self.live.get(&id) {
+                        Some(l) => l.tx.clone(),
+                        None => continue, // ended since; its last event carries the sender
+                    },
+                };
+                batch.push((ev, tx));
+            }
+            if let Err(batch) = d.send(batch) {
+                // The runtime is gone (shutdown): deliver from here from now on.
+                for (ev, tx) in batch {
+                    let _ = tx.send(ev);
+                }
+                self.delivery = None;
+            }
+            return;
+        }
+        for (id, ev, last) in self.outbox.drain(..) {
+            let sent = match &last {
+                Some(tx) => tx.send(ev).is_ok(),
+                None => match self.live.get(&id) {
+                    Some(l) => l.tx.send(ev).is_ok(),
+                    None => true, // ended since; its last event carries the sender
+                },
+            };
+            if !sent && last.is_none() {
+                self.aborts.push(id);
+            }
+        }
+    }
+
+    /// Requests whose receiver is gone (a client that disconnected while waiting for a
+    /// non-streaming answer) are aborted: O(live) atomic loads per step.
+    pub(crate) fn reap_closed(&mut self) {
+        for (&id, l) in &self.live {
+            if l.tx.is_closed() {
+                self.aborts.push(id);
+            }
+        }
     }
 }

@@ -17,8 +17,9 @@
 //!
 //! Files: this one (state, commands, request lifecycle), `step_cycle.rs` (the order of one
 //! iteration, launch and collect), `step_outputs.rs` (update, text and events of a collected step,
-//! and failure containment). An executor error fails the step's requests, not the loop;
-//! `max_consecutive_failures` failed steps in a row stop it (the server then answers 503).
+//! and failure containment), `delivery.rs` (sending the events, reaping closed channels). An
+//! executor error fails the step's requests, not the loop; `max_consecutive_failures` failed steps
+//! in a row stop it (the server then answers 503).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -103,7 +104,7 @@ pub(crate) struct StepLoop {
     /// When the last `collect` returned (for the gap trace).
     pub(crate) collected_at: Option<Instant>,
     /// Events go out through a task on the front end's runtime (else from this thread).
-    delivery: Option<RuntimeDelivery>,
+    pub(crate) delivery: Option<RuntimeDelivery>,
 }
 
 impl StepLoop {
@@ -327,57 +328,6 @@ impl StepLoop {
             }),
             Some(l.tx),
         ));
-    }
-
-    /// Sends the outbox; a closed channel (client gone) aborts its request (here, or at the next
-    /// `reap_closed` when a runtime task delivers).
-    pub(crate) fn deliver(&mut self) {
-        if self.outbox.is_empty() {
-            return;
-        }
-        if let Some(d) = &self.delivery {
-            let mut batch = d.batch();
-            for (id, ev, last) in self.outbox.drain(..) {
-                let tx = match last {
-                    Some(tx) => tx,
-                    None => match self.live.get(&id) {
-                        Some(l) => l.tx.clone(),
-                        None => continue, // ended since; its last event carries the sender
-                    },
-                };
-                batch.push((ev, tx));
-            }
-            if let Err(batch) = d.send(batch) {
-                // The runtime is gone (shutdown): deliver from here from now on.
-                for (ev, tx) in batch {
-                    let _ = tx.send(ev);
-                }
-                self.delivery = None;
-            }
-            return;
-        }
-        for (id, ev, last) in self.outbox.drain(..) {
-            let sent = match &last {
-                Some(tx) => tx.send(ev).is_ok(),
-                None => match self.live.get(&id) {
-                    Some(l) => l.tx.send(ev).is_ok(),
-                    None => true, // ended since; its last event carries the sender
-                },
-            };
-            if !sent && last.is_none() {
-                self.aborts.push(id);
-            }
-        }
-    }
-
-    /// Requests whose receiver is gone (a client that disconnected while waiting for a
-    /// non-streaming answer) are aborted: O(live) atomic loads per step.
-    pub(crate) fn reap_closed(&mut self) {
-        for (&id, l) in &self.live {
-            if l.tx.is_closed() {
-                self.aborts.push(id);
-            }
-        }
     }
 
     /// Aborts what was asked for since the last call (safe while a step is in flight or planned
