@@ -10,6 +10,7 @@
 //! `validate.rs`, `invariants.rs`.
 
 mod build;
+mod encoder_budget;
 pub mod config;
 mod invariants;
 pub mod plan;
