@@ -451,6 +451,11 @@ class AsyncEngine:
         return self._loaded().config
 
     @property
+    def mm_processor(self):
+        """Image / audio preprocessing of a multimodal checkpoint, None for a text-only one (once ready)."""
+        return getattr(self._loaded(), "mm_processor", None)
+
+    @property
     def model_name(self) -> str:
         """The name responses report: the checkpoint directory's name, or ``yoco-tiny`` for the bundled model."""
         return self._model_name

@@ -125,7 +125,7 @@ def process_prompt(prompt, tokenizer, vocab_size: int, mm=None, mm_limits: Optio
             bad = lo if lo < 0 else hi
             raise ValueError(f"prompt_token_ids must be in [0, {vocab_size}) (the vocabulary), got {bad}")
         ids = arr.astype(np.int64).tolist()
-        if items:
+        if items and mm_data is not None:  # multi_modal_items come with their runs already in the ids
             ids = mm.expand_ids(ids, items)
     if not ids:
         raise ValueError("prompt is empty after tokenization")
