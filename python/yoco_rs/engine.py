@@ -218,6 +218,9 @@ class Engine:
         params.check_against(max_logprobs=self.config.max_logprobs, vocab_size=self._rt.vocab_size)
         proc = process_prompt(prompt, self._tok, self._rt.vocab_size, self.mm_processor,
                               self.config.limit_mm_per_prompt)
+        if proc.mm_items and self._mm is not None:
+            # Encode the images / audio here, off the step loop (AsyncEngine prepares in a worker thread).
+            self._mm.encode_ahead(proc.mm_items)
         # Structured outputs compile here, off the step loop (GIL released, under a time budget).
         proc.grammar = self._grammars.compile(params.structured_outputs) if params.structured_outputs else None
         p, limit = len(proc.token_ids), self.max_model_len

@@ -11,6 +11,7 @@ whatever a step needs that is not here.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import torch
@@ -26,6 +27,7 @@ class EncoderCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self._lock = threading.Lock()  # requests are encoded in their preparation threads
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -34,24 +36,26 @@ class EncoderCache:
         return key in self._entries
 
     def get(self, key: str) -> torch.Tensor | None:
-        t = self._entries.get(key)
-        if t is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return t
+        with self._lock:
+            t = self._entries.get(key)
+            if t is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return t
 
     def put(self, key: str, value: torch.Tensor) -> None:
         size = value.numel() * value.element_size()
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return
-        if size > self.budget_bytes:
-            return  # used by this step only
-        self._shrink(size)
-        self._entries[key] = value
-        self.bytes += size
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+            if size > self.budget_bytes:
+                return  # used by its request only
+            self._shrink(size)
+            self._entries[key] = value
+            self.bytes += size
 
     def _shrink(self, incoming: int) -> None:
         if self.bytes + incoming <= self.budget_bytes:
@@ -64,8 +68,9 @@ class EncoderCache:
             self.evictions += 1
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
 
     def stats(self) -> dict:
         return {"entries": len(self._entries), "bytes": self.bytes, "budget_bytes": self.budget_bytes,

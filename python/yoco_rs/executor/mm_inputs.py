@@ -15,12 +15,18 @@ The per-layer embeddings are untouched here: ids past ``vocab_size_per_layer_inp
 row 0 there already, and the projection half of the per-layer input is computed from the merged
 embeddings. Python work is O(rows with items x their items), vectorized over tokens.
 
+Items are normally encoded ahead (:meth:`MultimodalInputs.encode_ahead`), while their request is
+prepared (the AsyncEngine does that in a worker thread, so the step loop's decodes keep running while an
+image is encoded); a step then only gathers rows. An item without embeddings (a caller that skipped the
+preparation) is encoded in the step, under the scheduler's encoder budget.
+
 The interface is plain arrays (request ids, ``query_start_loc``, ``seq_lens``, ``input_ids``) plus the
 items registered per request id, so any front end that produces a core plan can use it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Sequence
 
@@ -40,6 +46,7 @@ class MultimodalInputs:
         self._ids = np.zeros(0, dtype=np.uint64)
         self.encoder_seconds = 0.0
         self.items_encoded = 0
+        self._stats = threading.Lock()
 
     # ---- requests -------------------------------------------------------------------------------------
     def add(self, req_id: int, items: Sequence) -> None:
@@ -56,6 +63,13 @@ class MultimodalInputs:
         return len(self._items)
 
     # ---- encoder ----------------------------------------------------------------------------------------
+    def encode_ahead(self, items: Sequence) -> None:
+        """Computes (or finds in the cache) every item's embeddings and stores them on the item. Thread-safe;
+        called off the step loop while a request is prepared."""
+        for it in items:
+            if getattr(it, "embeddings", None) is None:
+                it.embeddings = self.embeddings(it)
+
     def embeddings(self, item) -> torch.Tensor:
         """``[num_tokens, H]`` encoder output of ``item`` (cached by identifier)."""
         emb = self.cache.get(item.identifier)
@@ -66,8 +80,9 @@ class MultimodalInputs:
             else:
                 emb = self.towers.encode_audio(item.inputs["input_features"], item.inputs["input_features_mask"])
             emb = emb.to(self.dtype)
-            self.encoder_seconds += time.perf_counter() - t0
-            self.items_encoded += 1
+            with self._stats:
+                self.encoder_seconds += time.perf_counter() - t0
+                self.items_encoded += 1
             self.cache.put(item.identifier, emb)
         return emb
 
@@ -91,7 +106,7 @@ class MultimodalInputs:
                     s, e = max(c0, it.offset), min(c1, it.offset + it.num_tokens)
                     if s >= e:
                         continue
-                    emb = self.embeddings(it)
+                    emb = it.embeddings if getattr(it, "embeddings", None) is not None else self.embeddings(it)
                     at = np.searchsorted(hard, np.arange(q0 + s - c0, q0 + e - c0))
                     vals[torch.from_numpy(at)] = emb[s - it.offset:e - it.offset]
         return torch.from_numpy(hard), vals

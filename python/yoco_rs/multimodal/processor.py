@@ -42,7 +42,10 @@ class MmItem:
     num_tokens: int
     inputs: dict[str, torch.Tensor]
     offset: int = -1
-    """First placeholder token of the item's run in the prompt (set by :meth:`MmProcessor.expand`)."""
+    """First placeholder token of the item's run in the prompt (set by :meth:`MmProcessor.locate`)."""
+    embeddings: Optional[torch.Tensor] = None
+    """``[num_tokens, H]`` encoder output once computed (``MultimodalInputs.encode_ahead``): held by the
+    item, so a live request never needs its items encoded again."""
 
     def placeholder(self) -> tuple[int, int, str]:
         """``(offset, length, identifier)``: what the core's ``add_request(mm_placeholders=...)`` takes."""
