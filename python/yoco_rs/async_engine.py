@@ -375,8 +375,11 @@ class AsyncEngine:
         eng = self._engine
         arrival = time.monotonic()
         params = params or eng.get_default_sampling_params()
-        if params.structured_outputs is not None:
-            # Grammar compilation (GIL released, under its time budget) must not block the event loop.
+        mm = isinstance(prompt, dict) and (prompt.get("multi_modal_data") is not None
+                                           or bool(prompt.get("multi_modal_items")))
+        if params.structured_outputs is not None or mm:
+            # Grammar compilation (GIL released, under its time budget) and image / audio decoding and
+            # encoding must not block the event loop (nor the step loop: other streams keep decoding).
             proc, params = await asyncio.to_thread(eng._prepare, prompt, params)
         else:
             proc, params = eng._prepare(prompt, params)
