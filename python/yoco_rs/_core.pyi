@@ -163,9 +163,11 @@ class Scheduler:
         cross_capture_sizes: Sequence[int] = (),
         enable_kv_events: bool = False,
         hash_seed: bytes | None = None,
+        max_num_encoder_input_tokens: int | None = None,
     ) -> None:
         """``layer_kinds``: per layer "full" | "sliding:W" | "shared:DONOR". ``num_blocks``: per KV group
-        (block 0 included), or one int for all. Raises ValueError on a bad configuration."""
+        (block 0 included), or one int for all. ``max_num_encoder_input_tokens``: the step's encoder budget
+        in multimodal soft tokens (None: ``max_num_batched_tokens``). Raises ValueError on a bad configuration."""
     def kv_groups(self) -> list[dict[str, Any]]:
         """Per KV group: {"kind": "full"|"sliding", "window": int|None, "layers": [...],
         "readers": [(layer, donor), ...]}; ``layers[i]`` is slice i of the group's KV tensor."""
@@ -185,8 +187,11 @@ class Scheduler:
         lora_path: str | None = None,
         prompt_logprobs: bool = False,
         after: int | None = None,
+        mm_placeholders: Sequence[tuple[int, int, str]] = (),
     ) -> None:
-        """Queues a request. ValueError for a bad request, CapacityError if the pool can never hold it."""
+        """Queues a request. ValueError for a bad request, CapacityError if the pool can never hold it.
+        ``mm_placeholders``: ``(offset, length, content hash)`` of each image / audio placeholder run (sorted,
+        disjoint, inside the prompt): hashed into the prefix cache's keys and charged to the encoder budget."""
     def abort(self, req_id: int) -> bool: ...
     def finish(self, req_id: int, reason_code: int) -> bool: ...
     def schedule(self) -> StepPlan:
