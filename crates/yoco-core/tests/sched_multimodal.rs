@@ -36,7 +36,8 @@ fn decodes_keep_running_while_an_image_waits_for_the_encoder_budget() {
     // two image requests (64 encoder tokens each): one fits per step
     for id in [2, 3] {
         let p = prompt_with_run(id, 80, 10, 64);
-        d.s.add_request_mm(req(id, p, 4), vec![item(10, 64, &format!("img{id}"))]).unwrap();
+        d.s.add_request_mm(req(id, p, 4), vec![item(10, 64, &format!("img{id}"))])
+            .unwrap();
     }
     let (p, _) = d.step();
     // the decode, the first image request whole, the second only up to its item
@@ -57,7 +58,8 @@ fn a_chunk_that_starts_at_an_item_beyond_the_budget_waits_a_step() {
     let mut d = Driver::new(c);
     // two items of 32 right after each other: each fills a step's budget
     let p = prompt_with_run(5, 70, 2, 64);
-    d.s.add_request_mm(req(5, p, 2), vec![item(2, 32, "a"), item(34, 32, "b")]).unwrap();
+    d.s.add_request_mm(req(5, p, 2), vec![item(2, 32, "a"), item(34, 32, "b")])
+        .unwrap();
     let (p, _) = d.step();
     assert_eq!(row_tokens(&p), [34], "stops before the second item");
     let (p, _) = d.step();
@@ -74,7 +76,10 @@ fn items_are_validated_at_add_request() {
     let cases: Vec<(Vec<MmPlaceholder>, &str)> = vec![
         (vec![item(3, 0, "a")], "empty placeholder run"),
         (vec![item(40, 20, "a")], "past the prompt"),
-        (vec![item(0, 10, "a"), item(5, 10, "b")], "sorted and disjoint"),
+        (
+            vec![item(0, 10, "a"), item(5, 10, "b")],
+            "sorted and disjoint",
+        ),
         (vec![item(0, 33, "a")], "max_num_encoder_input_tokens = 32"),
         (vec![item(0, 3, "")], "empty identifier"),
     ];
@@ -86,8 +91,11 @@ fn items_are_validated_at_add_request() {
     }
     assert_eq!(s.num_unfinished(), 0, "nothing was queued");
     // adjacent runs and a run ending at the last prompt token are fine
-    s.add_request_mm(req(9, p, 4), vec![item(0, 10, "a"), item(10, 32, "b"), item(42, 8, "c")])
-        .unwrap();
+    s.add_request_mm(
+        req(9, p, 4),
+        vec![item(0, 10, "a"), item(10, 32, "b"), item(42, 8, "c")],
+    )
+    .unwrap();
 }
 
 /// Runs `prompt` (with `items`) to completion on `d`; returns the tokens it reused from the cache.

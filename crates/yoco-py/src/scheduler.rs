@@ -102,7 +102,8 @@ impl Scheduler {
             long_prefill_token_threshold,
             policy: convert::policy(policy)?,
             max_admission_skips,
-            max_num_encoder_input_tokens: max_num_encoder_input_tokens.unwrap_or(max_num_batched_tokens),
+            max_num_encoder_input_tokens: max_num_encoder_input_tokens
+                .unwrap_or(max_num_batched_tokens),
             token_capture_sizes,
             cross_capture_sizes,
         };

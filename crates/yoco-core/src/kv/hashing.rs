@@ -149,7 +149,14 @@ impl EncodedExtras {
             return if i == 0 { &self.first } else { &self.rest };
         }
         let start = (i * sbs) as u64;
-        encode_sub_block_extras(scratch, &self.lora, &self.salt, &self.mm, start, start + sbs as u64);
+        encode_sub_block_extras(
+            scratch,
+            &self.lora,
+            &self.salt,
+            &self.mm,
+            start,
+            start + sbs as u64,
+        );
         scratch
     }
 }
@@ -387,7 +394,12 @@ mod tests {
         assert_eq!(ex.first, ex.rest, "lora on every sub-block");
     }
 
-    fn mm_chain(extras: &HashExtras, items: &[(u32, u32, &str)], sbs: usize, tokens: &[u32]) -> Vec<BlockHash> {
+    fn mm_chain(
+        extras: &HashExtras,
+        items: &[(u32, u32, &str)],
+        sbs: usize,
+        tokens: &[u32],
+    ) -> Vec<BlockHash> {
         let mm = items
             .iter()
             .map(|&(offset, length, id)| MmPlaceholder {

@@ -12,7 +12,8 @@ use super::lookup;
 use super::pool::BlockPool;
 use super::seq::SeqKv;
 use super::{
-    BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvEventBatch, KvGroup, KvMetrics, MmPlaceholder, PrefixHit,
+    BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvEventBatch, KvGroup, KvMetrics,
+    MmPlaceholder, PrefixHit,
 };
 use crate::error::{Error, Result};
 
@@ -151,7 +152,12 @@ impl KvManager {
     /// [`KvManager::new_seq`] for a prompt with multimodal items: the sub-blocks overlapping an
     /// item's placeholder run also hash the item's identifier (`mm` sorted and disjoint; the
     /// scheduler validates it).
-    pub fn new_seq_mm(&self, extras: HashExtras, mm: Vec<MmPlaceholder>, skip_prefix_read: bool) -> SeqKv {
+    pub fn new_seq_mm(
+        &self,
+        extras: HashExtras,
+        mm: Vec<MmPlaceholder>,
+        skip_prefix_read: bool,
+    ) -> SeqKv {
         let n = self.groups.len();
         SeqKv {
             tables: vec![Vec::new(); n],

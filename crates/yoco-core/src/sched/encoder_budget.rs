@@ -16,7 +16,13 @@ pub(super) type MmRanges = Vec<(u32, u32)>;
 /// The tokens of a chunk `computed .. computed + n` the encoder budget allows, and the encoder
 /// tokens that costs. `fresh`: the request's first chunk since admission (an item begun before
 /// `computed` has no encoder output yet). Returns `(n', cost)` with `n' <= n` and `cost <= budget`.
-pub(super) fn limit_chunk(items: &[(u32, u32)], computed: u32, n: u32, fresh: bool, budget: u32) -> (u32, u32) {
+pub(super) fn limit_chunk(
+    items: &[(u32, u32)],
+    computed: u32,
+    n: u32,
+    fresh: bool,
+    budget: u32,
+) -> (u32, u32) {
     let end = computed as u64 + n as u64;
     let first = items.partition_point(|&(o, l)| o as u64 + l as u64 <= computed as u64);
     let mut cost = 0u32;

@@ -10,8 +10,8 @@
 //! `validate.rs`, `invariants.rs`.
 
 mod build;
-mod encoder_budget;
 pub mod config;
+mod encoder_budget;
 mod invariants;
 pub mod plan;
 mod queue;

@@ -8,8 +8,8 @@
 
 use smallvec::SmallVec;
 
-use super::plan::FinishReason;
 use super::encoder_budget::MmRanges;
+use super::plan::FinishReason;
 use super::request::NewRequest;
 use crate::kv::SeqKv;
 

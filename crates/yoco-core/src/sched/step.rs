@@ -152,7 +152,14 @@ impl Scheduler {
             // A preempted request kept its chain: this only hashes tokens appended since (none
             // in practice), and is free when the chain is complete.
             self.kv.hash_tokens(seq, &r.tokens);
-            let admitted = admit_alloc(&mut self.kv, seq, num_tokens, cap.min(*budget), &r.mm, *encoder);
+            let admitted = admit_alloc(
+                &mut self.kv,
+                seq,
+                num_tokens,
+                cap.min(*budget),
+                &r.mm,
+                *encoder,
+            );
             match admitted {
                 Ok((computed, n, cost)) => {
                     *encoder -= cost;

@@ -1,7 +1,7 @@
 //! Configuration and request validation: every error names the field, the value, and what would work.
 
-use super::request::NewRequest;
 use super::config::SchedulerConfig;
+use super::request::NewRequest;
 use crate::error::{Error, Result};
 use crate::kv::{AttnKind, KvGroup, MmPlaceholder};
 
@@ -118,12 +118,19 @@ pub(super) fn request(c: &SchedulerConfig, groups: &[KvGroup], r: &NewRequest) -
 /// Multimodal placeholder runs of request `id` with a prompt of `prompt_len` tokens: non-empty,
 /// inside the prompt, sorted and disjoint, each within the step's encoder budget (else it could
 /// never be scheduled), with a non-empty identifier.
-pub(super) fn mm_items(c: &SchedulerConfig, id: u64, prompt_len: usize, items: &[MmPlaceholder]) -> Result<()> {
+pub(super) fn mm_items(
+    c: &SchedulerConfig,
+    id: u64,
+    prompt_len: usize,
+    items: &[MmPlaceholder],
+) -> Result<()> {
     let bad = |m: String| Err(Error::Request(format!("request {id}: {m}")));
     let mut prev_end = 0u64;
     for (i, m) in items.iter().enumerate() {
         if m.length == 0 {
-            return bad(format!("multimodal item {i} has an empty placeholder run (length 0)"));
+            return bad(format!(
+                "multimodal item {i} has an empty placeholder run (length 0)"
+            ));
         }
         if m.end() > prompt_len as u64 {
             return bad(format!(
@@ -145,7 +152,9 @@ pub(super) fn mm_items(c: &SchedulerConfig, id: u64, prompt_len: usize, items: &
             ));
         }
         if m.identifier.is_empty() {
-            return bad(format!("multimodal item {i} has an empty identifier (its content hash)"));
+            return bad(format!(
+                "multimodal item {i} has an empty identifier (its content hash)"
+            ));
         }
         prev_end = m.end();
     }
