@@ -178,6 +178,19 @@ def test_bad_transcription_uploads_are_400s(srv):
     assert r.status_code == 400 and "at most" in r.json()["error"]["message"]
 
 
+def test_disconnects_mid_stream_leak_nothing(srv):
+    # streaming image requests whose clients go away after the first chunk: aborted, blocks and items freed
+    for i in range(6):
+        body = {"model": srv.engine.model_name, "stream": True, "max_tokens": 64, "temperature": 0,
+                "messages": [{"role": "user", "content": parts(f"story {i}", img_part(data_url(random_image(60 + i))))}]}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())
+    m = srv.wait_idle()
+    assert m
+    assert srv.engine._loaded()._mm.num_requests() == 0
+
+
 def test_nothing_leaks_after_bad_and_good_media(srv):
     m = srv.wait_idle()
     assert m
