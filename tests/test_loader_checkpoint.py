@@ -127,11 +127,15 @@ def test_multimodal_layout_loads_the_text_decoder_without_the_towers(hf, hf_logi
     assert ex.model_config.architecture == "Gemma3nForConditionalGeneration"
     assert ex.mm is None
     _assert_matches_hf(ex, hf_logits)
+    # without a preprocessor_config.json (how to prepare images / audio) the towers are not loaded either
+    ex = Executor.from_pretrained(tmp_path, device="cpu", progress=False)
+    assert ex.mm is None
 
 
 def test_multimodal_layout_with_broken_tower_tensors_names_them(hf, tmp_path):
     # The towers load by default (tests/test_mm_model_vs_hf.py); this file's vision tensors are dummies.
     _write_multimodal(hf, tmp_path, with_shared_kv=False)
+    (tmp_path / "preprocessor_config.json").write_text("{}")  # towers are loaded where one ships
     with pytest.raises(CheckpointError, match=r"tensor .model\.vision_tower\.timm_model\.\S+. has shape"):
         Executor.from_pretrained(tmp_path, device="cpu", progress=False)
 

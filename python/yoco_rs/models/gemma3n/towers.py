@@ -167,10 +167,19 @@ def load_towers(towers: MultimodalTowers, tensors) -> None:
                               + ", ".join("model." + n for n in missing[:8]) + (" ..." if len(missing) > 8 else ""))
 
 
+PROCESSOR_CONFIG = "preprocessor_config.json"
+
+
 def build_towers(raw_config: dict[str, Any], model_dir: str | os.PathLike, *, dtype: torch.dtype,
                  device: torch.device | str) -> MultimodalTowers | None:
-    """The towers of a multimodal checkpoint directory, or None when its safetensors hold none."""
+    """The towers of a multimodal checkpoint directory, or None (text only, logged) when its safetensors
+    hold none or it has no ``preprocessor_config.json`` (how images and audio are prepared: the released
+    checkpoints ship one; a directory without it is served as the text model it then is)."""
     from yoco_rs.models.loader import iter_safetensors, weight_files
+
+    if not os.path.isfile(os.path.join(os.fspath(model_dir), PROCESSOR_CONFIG)):
+        log.info("%s has no %s: the vision and audio towers are not loaded (text only)", model_dir, PROCESSOR_CONFIG)
+        return None
 
     files = weight_files(model_dir)
     from safetensors import safe_open
