@@ -368,9 +368,12 @@ impl ChatTemplates {
         if let Some((_, c)) = cache.iter().find(|(s, _)| s == src) {
             return Ok(c.clone());
         }
-        let c = Arc::new(Compiled::new(src, self.budget.fuel).map_err(|e| {
-            ApiError::bad(format!("chat template error: {e}"), Some("chat_template"))
-        })?);
+        // A template that does not compile is the request's fault, like one that fails to render
+        // (the Python server names `messages` for both).
+        let c = Arc::new(
+            Compiled::new(src, self.budget.fuel)
+                .map_err(|e| ApiError::bad(format!("chat template error: {e}"), Some("messages")))?,
+        );
         if cache.len() >= MAX_CACHED {
             cache.remove(0);
         }
