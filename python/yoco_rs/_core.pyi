@@ -42,7 +42,7 @@ def serve_http(
     trust_request_chat_template: bool = False, chat_template_timeout: float = 2.0,
     sampling_defaults: list[tuple[str, float]] = ..., compat_metric_names: bool = False,
     allowed_origins: list[str] = ..., return_tokens_as_token_ids: bool = False, version: str | None = None,
-    cache_config_info: list[tuple[str, str]] = ...,
+    cache_config_info: list[tuple[str, str]] = ..., kv_sharing_fast_prefill: bool = True,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,

@@ -166,7 +166,7 @@ impl Executor for PyStepExecutor {
     on_ready = None, chat_template = None, special_tokens = Vec::new(), trust_request_chat_template = false,
     chat_template_timeout = 2.0, sampling_defaults = Vec::new(), compat_metric_names = false,
     allowed_origins = Vec::new(), return_tokens_as_token_ids = false, version = None,
-    cache_config_info = Vec::new()
+    cache_config_info = Vec::new(), kv_sharing_fast_prefill = true
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -197,6 +197,7 @@ pub fn serve_http(
     return_tokens_as_token_ids: bool,
     version: Option<String>,
     cache_config_info: Vec<(String, String)>,
+    kv_sharing_fast_prefill: bool,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -282,6 +283,7 @@ pub fn serve_http(
         cfg.version = v;
     }
     cfg.cache_config_info = cache_config_info;
+    cfg.kv_sharing_fast_prefill = kv_sharing_fast_prefill;
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())

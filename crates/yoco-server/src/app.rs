@@ -69,6 +69,9 @@ pub struct AppConfig {
     pub version: String,
     /// The `cache_config_info` metric's labels (name, value), sorted by name.
     pub cache_config_info: Vec<(String, String)>,
+    /// The executor runs the cross-decoder only on rows whose logits are needed (YOCO fast prefill);
+    /// without it every scheduled token is a cross-decoder row (`yoco:cross_decoder_rows`).
+    pub kv_sharing_fast_prefill: bool,
 }
 
 /// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
@@ -109,6 +112,7 @@ impl AppConfig {
             return_tokens_as_token_ids: false,
             version: env!("CARGO_PKG_VERSION").to_string(),
             cache_config_info: Vec::new(),
+            kv_sharing_fast_prefill: true,
         }
     }
 
@@ -216,9 +220,7 @@ pub fn try_router(
             cors::cors,
         ));
     }
-    Ok(app
-        .layer(middleware::from_fn(request_id))
-        .with_state(state))
+    Ok(app.layer(middleware::from_fn(request_id)).with_state(state))
 }
 
 /// Echoes the client's `X-Request-Id` (or a fresh one) on every response, as the Python server.

@@ -80,9 +80,10 @@ pub(crate) async fn render(
         ));
     }
     let kwargs = template_kwargs(req.chat_template_kwargs.as_ref(), trusted)?;
-    let request_template = req.chat_template.clone().or_else(|| {
-        kwargs_template(req.chat_template_kwargs.as_ref()).filter(|_| trusted)
-    });
+    let request_template = req
+        .chat_template
+        .clone()
+        .or_else(|| kwargs_template(req.chat_template_kwargs.as_ref()).filter(|_| trusted));
     let messages = req
         .messages
         .as_deref()

@@ -141,17 +141,37 @@ const NEVER: &str = "is not supported by yoco-serve";
 
 const REFUSED: [(&str, Check, &str); 21] = [
     ("prompt_logprobs", is_set, NOT_YET),
-    ("presence_penalty", |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()), NOT_YET),
-    ("frequency_penalty", |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()), NOT_YET),
-    ("repetition_penalty", |v| v.as_f64().is_some_and(|x| x != 1.0) || (is_set(v) && !v.is_number()), NOT_YET),
-    ("response_format", |v| is_set(v) && v.get("type").and_then(Json::as_str) != Some("text"), NOT_YET),
+    (
+        "presence_penalty",
+        |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()),
+        NOT_YET,
+    ),
+    (
+        "frequency_penalty",
+        |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()),
+        NOT_YET,
+    ),
+    (
+        "repetition_penalty",
+        |v| v.as_f64().is_some_and(|x| x != 1.0) || (is_set(v) && !v.is_number()),
+        NOT_YET,
+    ),
+    (
+        "response_format",
+        |v| is_set(v) && v.get("type").and_then(Json::as_str) != Some("text"),
+        NOT_YET,
+    ),
     ("structured_outputs", is_set, NOT_YET),
     ("guided_json", is_set, NOT_YET),
     ("guided_regex", is_set, NOT_YET),
     ("guided_choice", is_set, NOT_YET),
     ("guided_grammar", is_set, NOT_YET),
     ("tools", is_nonempty, NOT_YET),
-    ("tool_choice", |v| is_set(v) && v.as_str() != Some("none"), NOT_YET),
+    (
+        "tool_choice",
+        |v| is_set(v) && v.as_str() != Some("none"),
+        NOT_YET,
+    ),
     ("functions", is_nonempty, NEVER),
     ("function_call", is_set, NEVER),
     ("logit_bias", is_nonempty, NEVER),
@@ -160,7 +180,11 @@ const REFUSED: [(&str, Check, &str); 21] = [
     ("audio", is_set, NEVER),
     ("prediction", is_set, NEVER),
     ("web_search_options", is_set, NEVER),
-    ("modalities", |v| is_set(v) && v != &serde_json::json!(["text"]), NEVER),
+    (
+        "modalities",
+        |v| is_set(v) && v != &serde_json::json!(["text"]),
+        NEVER,
+    ),
 ];
 
 impl ChatCompletionRequest {
@@ -173,7 +197,10 @@ impl ChatCompletionRequest {
             ));
         }
         if self.logprobs == Some(true) {
-            return Err(ApiError::bad(format!("logprobs {NOT_YET}"), Some("logprobs")));
+            return Err(ApiError::bad(
+                format!("logprobs {NOT_YET}"),
+                Some("logprobs"),
+            ));
         }
         if self.top_logprobs.as_ref().is_some_and(is_set) {
             return Err(ApiError::bad(
@@ -190,7 +217,9 @@ impl ChatCompletionRequest {
             let n = self.n.unwrap_or(1);
             if b.as_i64() != Some(n) {
                 return Err(ApiError::bad(
-                    format!("best_of is not supported (it must equal n={n} or be omitted), got {b}"),
+                    format!(
+                        "best_of is not supported (it must equal n={n} or be omitted), got {b}"
+                    ),
                     Some("best_of"),
                 ));
             }
@@ -258,7 +287,10 @@ pub(crate) fn template_kwargs(
         ));
     }
     let mut out = Vec::new();
-    for k in kw.try_iter().map_err(|e| ApiError::bad(e.to_string(), None))? {
+    for k in kw
+        .try_iter()
+        .map_err(|e| ApiError::bad(e.to_string(), None))?
+    {
         let Some(name) = k.as_str() else { continue };
         if name == "chat_template" && !trusted {
             return Err(ApiError::bad(
@@ -363,7 +395,9 @@ fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
                 match (kind.as_str(), text.as_str()) {
                     (Some("text"), Some(t)) => texts.push(t.to_string()),
                     (k, _) => {
-                        let got = k.map(str::to_string).unwrap_or_else(|| describe(&part).to_string());
+                        let got = k
+                            .map(str::to_string)
+                            .unwrap_or_else(|| describe(&part).to_string());
                         return Err(bad_message(format!(
                             "messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are \
                              supported, got {got:?}"
@@ -384,7 +418,9 @@ fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
 /// {name, arguments}}` with the arguments as an object (OpenAI sends them as a JSON string).
 fn tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
     if calls.kind() != ValueKind::Seq {
-        return Err(bad_message(format!("messages[{i}].tool_calls must be a list")));
+        return Err(bad_message(format!(
+            "messages[{i}].tool_calls must be a list"
+        )));
     }
     let mut out = Vec::new();
     for (j, c) in calls.try_iter().into_iter().flatten().enumerate() {
@@ -397,7 +433,9 @@ fn tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
         }
         let raw = f.get_attr("arguments").unwrap_or_default();
         let args = match raw.kind() {
-            ValueKind::None | ValueKind::Undefined => Value::from_pairs(std::iter::empty::<(String, Value)>()),
+            ValueKind::None | ValueKind::Undefined => {
+                Value::from_pairs(std::iter::empty::<(String, Value)>())
+            }
             ValueKind::String => {
                 let s = raw.as_str().unwrap_or("");
                 if s.trim().is_empty() {

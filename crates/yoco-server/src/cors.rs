@@ -17,10 +17,7 @@ const METHODS: &str = "GET, POST, OPTIONS";
 fn allowed<'a>(origins: &[String], headers: &'a HeaderMap) -> Option<&'a HeaderValue> {
     let o = headers.get(header::ORIGIN)?;
     let s = o.to_str().ok()?;
-    origins
-        .iter()
-        .any(|a| a == "*" || a == s)
-        .then_some(o)
+    origins.iter().any(|a| a == "*" || a == s).then_some(o)
 }
 
 pub(crate) async fn cors(
@@ -43,7 +40,10 @@ pub(crate) async fn cors(
             header::ACCESS_CONTROL_ALLOW_METHODS,
             HeaderValue::from_static(METHODS),
         );
-        out.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        out.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
         if let Some(rh) = h.get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
             out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, rh.clone());
         }

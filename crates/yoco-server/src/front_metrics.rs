@@ -75,6 +75,11 @@ pub(crate) async fn count_http(
     let h = handler(req.uri().path());
     let resp = next.run(req).await;
     let status = format!("{}xx", resp.status().as_u16() / 100);
-    *s.front.http.lock().unwrap().entry((method, status, h)).or_insert(0) += 1;
+    *s.front
+        .http
+        .lock()
+        .unwrap()
+        .entry((method, status, h))
+        .or_insert(0) += 1;
     resp
 }

@@ -21,8 +21,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 ];
 /// Token counts.
 pub const TOKEN_BUCKETS: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
-    20000.0, 50000.0, 100000.0,
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0,
 ];
 /// The `n` request parameter.
 pub const N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
@@ -50,9 +50,9 @@ impl Hist {
     pub fn observe(&self, v: f64) {
         let i = self.bounds.partition_point(|&b| b < v);
         self.counts[i].fetch_add(1, Relaxed);
-        let _ = self
-            .sum
-            .fetch_update(Relaxed, Relaxed, |s| Some((f64::from_bits(s) + v).to_bits()));
+        let _ = self.sum.fetch_update(Relaxed, Relaxed, |s| {
+            Some((f64::from_bits(s) + v).to_bits())
+        });
     }
 
     /// Cumulative `(le, count)` pairs ending with `(+Inf, total)`, and the sum.

@@ -50,9 +50,9 @@ mod tokenize;
 mod validate;
 
 pub use app::{router, serve_router, try_router, AppConfig, SamplingDefaults};
-pub use template::{load_checkpoint_template, SpecialTokens};
 pub use dispatch::Engines;
 pub use executor::{ExecError, Executor, MockModel, StepInputs};
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use output::{Event, FinishReason};
 pub use params::GenParams;
+pub use template::{load_checkpoint_template, SpecialTokens};

@@ -141,7 +141,10 @@ fn key_text(k: &Value) -> Result<String, Error> {
         }
         _ => Err(Error::new(
             ErrorKind::InvalidOperation,
-            format!("keys must be str, int, float, bool or None, not {}", k.kind()),
+            format!(
+                "keys must be str, int, float, bool or None, not {}",
+                k.kind()
+            ),
         )),
     }
 }

@@ -83,7 +83,11 @@ pub(crate) async fn completion(
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let id = if one { rid.clone() } else { format!("{rid}-{i}") };
+                let id = if one {
+                    rid.clone()
+                } else {
+                    format!("{rid}-{i}")
+                };
                 generate_request(&s, id, p, &req, n, &model)
             })
             .collect();

@@ -160,7 +160,11 @@ fn strftime_now(fmt: String) -> Result<Value, Error> {
         "{}",
         chrono::Local::now().format_with_items(items.into_iter())
     )
-    .map_err(|_| fail(format!("chat template error: strftime_now: bad format {fmt:?}")))?;
+    .map_err(|_| {
+        fail(format!(
+            "chat template error: strftime_now: bad format {fmt:?}"
+        ))
+    })?;
     Ok(Value::from(out))
 }
 
@@ -180,7 +184,9 @@ fn tojson(state: &State, value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Re
     check_deadline()?;
     let mut positional: Vec<Value> = args.0;
     if positional.len() > 4 {
-        return Err(fail("chat template error: tojson takes at most 4 arguments".into()));
+        return Err(fail(
+            "chat template error: tojson takes at most 4 arguments".into(),
+        ));
     }
     positional.resize(4, Value::UNDEFINED);
     let names = ["ensure_ascii", "indent", "separators", "sort_keys"];
@@ -197,7 +203,9 @@ fn tojson(state: &State, value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Re
         Some(v) if v.is_integer() => {
             let n = v.as_i64().unwrap_or(0);
             if n > 64 {
-                return Err(fail(format!("chat template error: tojson indent {n} is over 64")));
+                return Err(fail(format!(
+                    "chat template error: tojson indent {n} is over 64"
+                )));
             }
             Some(" ".repeat(n.max(0) as usize))
         }
@@ -213,7 +221,11 @@ fn tojson(state: &State, value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Re
                 style.item_sep = a.as_str().unwrap_or("").to_string();
                 style.key_sep = b.as_str().unwrap_or("").to_string();
             }
-            _ => return Err(fail("chat template error: tojson separators must be two strings".into())),
+            _ => {
+                return Err(fail(
+                    "chat template error: tojson separators must be two strings".into(),
+                ))
+            }
         }
     }
     style.sort_keys = opts[3].as_ref().is_some_and(Value::is_true);
@@ -226,15 +238,20 @@ fn tojson(state: &State, value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Re
 /// Values printed as Python's `str` prints them (`True`, `None`, `1e+16`); the rest as minijinja.
 fn formatter(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
     let py = match value.kind() {
-        ValueKind::Bool => Some(if value.is_true() { "True".to_string() } else { "False".to_string() }),
+        ValueKind::Bool => Some(if value.is_true() {
+            "True".to_string()
+        } else {
+            "False".to_string()
+        }),
         ValueKind::None => Some("None".to_string()),
-        ValueKind::Number if !value.is_integer() => {
-            f64::try_from(value.clone()).ok().map(pyjson::float_repr_str)
-        }
+        ValueKind::Number if !value.is_integer() => f64::try_from(value.clone())
+            .ok()
+            .map(pyjson::float_repr_str),
         _ => None,
     };
     match py {
-        Some(s) => std::fmt::Write::write_str(out, &s).map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed")),
+        Some(s) => std::fmt::Write::write_str(out, &s)
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed")),
         None => minijinja::escape_formatter(out, state, value),
     }
 }
@@ -340,10 +357,11 @@ impl ChatTemplates {
     ) -> Result<Self, String> {
         let default = match default {
             None => None,
-            Some(src) => Some(Arc::new(
-                Compiled::new(src, budget.fuel)
-                    .map_err(|e| format!("the chat template does not compile: {e}"))?,
-            )),
+            Some(src) => {
+                Some(Arc::new(Compiled::new(src, budget.fuel).map_err(|e| {
+                    format!("the chat template does not compile: {e}")
+                })?))
+            }
         };
         Ok(Self {
             default,
@@ -370,10 +388,10 @@ impl ChatTemplates {
         }
         // A template that does not compile is the request's fault, like one that fails to render
         // (the Python server names `messages` for both).
-        let c = Arc::new(
-            Compiled::new(src, self.budget.fuel)
-                .map_err(|e| ApiError::bad(format!("chat template error: {e}"), Some("messages")))?,
-        );
+        let c =
+            Arc::new(Compiled::new(src, self.budget.fuel).map_err(|e| {
+                ApiError::bad(format!("chat template error: {e}"), Some("messages"))
+            })?);
         if cache.len() >= MAX_CACHED {
             cache.remove(0);
         }
@@ -610,17 +628,23 @@ mod tests {
     #[test]
     fn continue_final_message_cuts_after_the_last_text() {
         let src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}";
-        let mut c = conv(r#"[{"role":"user","content":"q"},{"role":"assistant","content":"Once upon "}]"#);
+        let mut c =
+            conv(r#"[{"role":"user","content":"q"},{"role":"assistant","content":"Once upon "}]"#);
         c.add_generation_prompt = false;
         c.continue_final = Some("Once upon ".into());
-        assert_eq!(render(src, c).unwrap(), "<user>q</user><assistant>Once upon ");
+        assert_eq!(
+            render(src, c).unwrap(),
+            "<user>q</user><assistant>Once upon "
+        );
         let trims = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}";
         let mut c = conv(r#"[{"role":"assistant","content":"Once upon "}]"#);
         c.continue_final = Some("Once upon ".into());
         assert_eq!(render(trims, c).unwrap(), "<assistant>Once upon");
         let mut c = conv(r#"[{"role":"assistant","content":"x"}]"#);
         c.continue_final = Some("x".into());
-        assert!(render("nothing", c).unwrap_err().contains("continue_final_message"));
+        assert!(render("nothing", c)
+            .unwrap_err()
+            .contains("continue_final_message"));
     }
 
     #[test]
@@ -640,7 +664,11 @@ mod tests {
             let t = Instant::now();
             let err = render(b, conv("[]")).unwrap_err();
             assert!(err.starts_with("chat template"), "{b}: {err}");
-            assert!(t.elapsed() < Duration::from_secs(2), "{b}: {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "{b}: {:?}",
+                t.elapsed()
+            );
         }
     }
 }

@@ -71,7 +71,13 @@ async fn run_tokenize(
         s.ensure_serving()?;
         let text = render(&s, &req).await?;
         let ids = encode_rendered(&s, text, req.add_special_tokens.unwrap_or(false), None).await?;
-        (ids, req.rest.get("return_token_strs").and_then(Value::as_bool).unwrap_or(false))
+        (
+            ids,
+            req.rest
+                .get("return_token_strs")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        )
     } else {
         let req: TextRequest = parse_json(Ok(bytes))?;
         s.check_model(req.model.as_deref())?;
@@ -96,10 +102,12 @@ async fn run_tokenize(
         let ids = if text.is_empty() {
             s.cfg.bos_token_id.filter(|_| add).into_iter().collect()
         } else {
-            encode_rendered(&s, text, add, None).await.map_err(|mut e| {
-                e.param = Some("prompt".into());
-                e
-            })?
+            encode_rendered(&s, text, add, None)
+                .await
+                .map_err(|mut e| {
+                    e.param = Some("prompt".into());
+                    e
+                })?
         };
         (ids, req.return_token_strs.unwrap_or(false))
     };
@@ -135,7 +143,9 @@ pub(crate) async fn detokenize(
         let text = tokio::task::spawn_blocking(move || s2.tok.decode(&ids, false))
             .await
             .map_err(|e| ApiError::bad(e.to_string(), None))?
-            .map_err(|e| ApiError::bad(format!("tokens could not be decoded: {e}"), Some("tokens")))?;
+            .map_err(|e| {
+                ApiError::bad(format!("tokens could not be decoded: {e}"), Some("tokens"))
+            })?;
         Ok::<_, ApiError>(Json(json!({"prompt": text})).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)

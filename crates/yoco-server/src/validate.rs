@@ -263,7 +263,12 @@ pub(crate) fn gen_params_for(
     }
     let room = limit as i64 - prompt.len() as i64;
     if room < 1 || r.max_tokens.is_some_and(|m| m > room) {
-        return Err(context_error(limit, prompt.len(), r.max_tokens, prompt_param));
+        return Err(context_error(
+            limit,
+            prompt.len(),
+            r.max_tokens,
+            prompt_param,
+        ));
     }
     let max_tokens = r.max_tokens.unwrap_or(room) as u32;
     let temperature = finite_in(

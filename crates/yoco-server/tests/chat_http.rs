@@ -147,7 +147,11 @@ fn continuous_usage_stats_put_the_running_usage_on_every_chunk() {
         .iter()
         .map(|x| x["usage"]["completion_tokens"].as_u64().unwrap())
         .collect();
-    assert_eq!(counts, vec![0, 1, 2, 3, 4, 4], "role, 4 tokens, the final usage");
+    assert_eq!(
+        counts,
+        vec![0, 1, 2, 3, 4, 4],
+        "role, 4 tokens, the final usage"
+    );
 }
 
 #[test]
@@ -194,8 +198,14 @@ fn a_stop_string_ends_the_text_before_it_and_is_the_stop_reason() {
     assert_eq!(ch["message"]["content"], json!(&full[..cut]), "{v}");
     assert_eq!(ch["finish_reason"], "stop");
     assert_eq!(ch["stop_reason"], json!(stop));
-    let c = chunks(&s.post("/v1/chat/completions", &user_hi(json!({"max_tokens": 12,
-        "stop": [stop.clone()], "stream": true}))).1);
+    let c = chunks(
+        &s.post(
+            "/v1/chat/completions",
+            &user_hi(json!({"max_tokens": 12,
+        "stop": [stop.clone()], "stream": true})),
+        )
+        .1,
+    );
     let last = &c.last().unwrap()["choices"][0];
     assert_eq!(last["finish_reason"], "stop");
     assert_eq!(last["stop_reason"], json!(stop));
@@ -225,32 +235,108 @@ fn bad_chat_requests_are_400s_naming_the_field() {
     let cases: Vec<(Value, u16, &str)> = vec![
         (json!({}), 400, "messages"),
         (json!({"messages": []}), 400, "messages"),
-        (json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, "messages"),
-        (json!({"messages": [{"role": 7, "content": "x"}]}), 400, "messages"),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": 7, "content": "x"}]}),
+            400,
+            "messages",
+        ),
         (json!({"messages": ["hello"]}), 400, "messages"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}), 400, "messages"),
-        (json!({"messages": [{"role": "user", "content": 5}]}), 400, "messages"),
-        (json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}), 400, "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}),
+            400,
+            "messages",
+        ),
         (json!({"messages": hi, "logprobs": true}), 400, "logprobs"),
-        (json!({"messages": hi, "top_logprobs": 2}), 400, "top_logprobs"),
-        (json!({"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
-        (json!({"messages": hi, "tool_choice": "required"}), 400, "tool_choice"),
-        (json!({"messages": hi, "response_format": {"type": "json_object"}}), 400, "response_format"),
-        (json!({"messages": hi, "presence_penalty": 0.5}), 400, "presence_penalty"),
-        (json!({"messages": hi, "repetition_penalty": 1.2}), 400, "repetition_penalty"),
-        (json!({"messages": hi, "logit_bias": {"5": 1}}), 400, "logit_bias"),
+        (
+            json!({"messages": hi, "top_logprobs": 2}),
+            400,
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            400,
+            "tools",
+        ),
+        (
+            json!({"messages": hi, "tool_choice": "required"}),
+            400,
+            "tool_choice",
+        ),
+        (
+            json!({"messages": hi, "response_format": {"type": "json_object"}}),
+            400,
+            "response_format",
+        ),
+        (
+            json!({"messages": hi, "presence_penalty": 0.5}),
+            400,
+            "presence_penalty",
+        ),
+        (
+            json!({"messages": hi, "repetition_penalty": 1.2}),
+            400,
+            "repetition_penalty",
+        ),
+        (
+            json!({"messages": hi, "logit_bias": {"5": 1}}),
+            400,
+            "logit_bias",
+        ),
         (json!({"messages": hi, "echo": true}), 400, "echo"),
         (json!({"messages": hi, "n": 0}), 400, "n"),
         (json!({"messages": hi, "n": 1000}), 400, "n"),
         (json!({"messages": hi, "best_of": 3}), 400, "best_of"),
-        (json!({"messages": hi, "chat_template": "{{ 'x' }}"}), 400, "chat_template"),
-        (json!({"messages": hi, "chat_template_kwargs": {"chat_template": "x"}}), 400, "chat_template_kwargs"),
-        (json!({"messages": hi, "continue_final_message": true}), 400, "continue_final_message"),
-        (json!({"messages": hi, "max_completion_tokens": 100000}), 400, "max_tokens"),
+        (
+            json!({"messages": hi, "chat_template": "{{ 'x' }}"}),
+            400,
+            "chat_template",
+        ),
+        (
+            json!({"messages": hi, "chat_template_kwargs": {"chat_template": "x"}}),
+            400,
+            "chat_template_kwargs",
+        ),
+        (
+            json!({"messages": hi, "continue_final_message": true}),
+            400,
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": hi, "max_completion_tokens": 100000}),
+            400,
+            "max_tokens",
+        ),
         (json!({"messages": hi, "max_tokens": 0}), 400, "max_tokens"),
-        (json!({"messages": hi, "stream_options": {"include_usage": true}}), 400, "stream_options"),
-        (json!({"messages": hi, "truncate_prompt_tokens": 0}), 400, "truncate_prompt_tokens"),
-        (json!({"messages": hi, "temperature": -1}), 400, "temperature"),
+        (
+            json!({"messages": hi, "stream_options": {"include_usage": true}}),
+            400,
+            "stream_options",
+        ),
+        (
+            json!({"messages": hi, "truncate_prompt_tokens": 0}),
+            400,
+            "truncate_prompt_tokens",
+        ),
+        (
+            json!({"messages": hi, "temperature": -1}),
+            400,
+            "temperature",
+        ),
         (json!({"messages": hi, "model": "gpt-4"}), 404, "model"),
     ];
     for (body, status, param) in cases {
@@ -269,7 +355,11 @@ fn bad_chat_requests_are_400s_naming_the_field() {
         "chat template error: Conversation roles must alternate user/assistant/user/assistant/..."
     );
     // Still serving.
-    assert_eq!(s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 1}))).0, 200);
+    assert_eq!(
+        s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 1})))
+            .0,
+        200
+    );
 }
 
 #[test]
@@ -280,8 +370,10 @@ fn a_trusted_request_template_is_used_and_bombs_are_400s_within_the_budget() {
     });
     let (st, v) = s.json(
         "/v1/chat/completions/render",
-        &user_hi(json!({"chat_template": "X{{ messages[0].content }}Y{{ greeting }}",
-                        "chat_template_kwargs": {"greeting": "!", "bos_token": "ignored"}})),
+        &user_hi(
+            json!({"chat_template": "X{{ messages[0].content }}Y{{ greeting }}",
+                        "chat_template_kwargs": {"greeting": "!", "bos_token": "ignored"}}),
+        ),
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["token_ids"], json!(ids("XHiY!")));
@@ -294,21 +386,34 @@ fn a_trusted_request_template_is_used_and_bombs_are_400s_within_the_budget() {
     ];
     for b in bombs {
         let t = std::time::Instant::now();
-        let (st, v) = s.json("/v1/chat/completions", &user_hi(json!({"chat_template": b})));
+        let (st, v) = s.json(
+            "/v1/chat/completions",
+            &user_hi(json!({"chat_template": b})),
+        );
         assert_eq!(st, 400, "{b}: {v}");
         assert!(
-            v["error"]["message"].as_str().unwrap().contains("chat template"),
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("chat template"),
             "{v}"
         );
         assert!(t.elapsed().as_secs_f64() < 3.0, "{b}: {:?}", t.elapsed());
     }
-    assert_eq!(s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 1}))).0, 200);
+    assert_eq!(
+        s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 1})))
+            .0,
+        200
+    );
 }
 
 #[test]
 fn tokenize_and_detokenize_answer_in_vllms_shape() {
     let s = TestServer::start(Opts::default());
-    let (st, v) = s.json("/tokenize", r#"{"prompt": "Hello world", "return_token_strs": true}"#);
+    let (st, v) = s.json(
+        "/tokenize",
+        r#"{"prompt": "Hello world", "return_token_strs": true}"#,
+    );
     assert_eq!(st, 200, "{v}");
     let mut want = vec![2u32];
     want.extend(ids("Hello world"));
@@ -317,7 +422,10 @@ fn tokenize_and_detokenize_answer_in_vllms_shape() {
     assert_eq!(v["max_model_len"], 512);
     let strs: Vec<Option<String>> = want.iter().map(|&i| tokenizer().id_to_token(i)).collect();
     assert_eq!(v["token_strs"], json!(strs));
-    let (_, v) = s.json("/tokenize", r#"{"prompt": "Hello world", "add_special_tokens": false}"#);
+    let (_, v) = s.json(
+        "/tokenize",
+        r#"{"prompt": "Hello world", "add_special_tokens": false}"#,
+    );
     assert_eq!(v["tokens"], json!(ids("Hello world")));
     // A conversation tokenizes as chat renders it.
     let (_, v) = s.json("/tokenize", &user_hi(json!({})));
@@ -331,7 +439,11 @@ fn tokenize_and_detokenize_answer_in_vllms_shape() {
         ("/detokenize", r#"{"tokens": [-1]}"#, "tokens"),
     ] {
         let (st, v) = s.json(path, body);
-        assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{body}: {v}");
+        assert_eq!(
+            (st, v["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{body}: {v}"
+        );
     }
 }
 
@@ -374,7 +486,10 @@ fn version_and_the_model_card_are_served() {
     let (st, v) = s.get("/v1/models/mock");
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&v).unwrap();
-    assert_eq!((v["id"].as_str(), v["max_model_len"].as_u64()), (Some("mock"), Some(512)));
+    assert_eq!(
+        (v["id"].as_str(), v["max_model_len"].as_u64()),
+        (Some("mock"), Some(512))
+    );
     assert_eq!(s.get("/v1/models/other").0, 404);
 }
 
@@ -396,7 +511,10 @@ fn metrics_count_what_one_chat_request_did_under_vllms_names() {
         }),
         ..Opts::default()
     });
-    let (st, _) = s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 5, "n": 2})));
+    let (st, _) = s.json(
+        "/v1/chat/completions",
+        &user_hi(json!({"max_tokens": 5, "n": 2})),
+    );
     assert_eq!(st, 200);
     let (_, m) = s.get("/metrics");
     let l = "{model_name=\"mock\",engine=\"0\"}";
@@ -412,7 +530,10 @@ fn metrics_count_what_one_chat_request_did_under_vllms_names() {
         ("yoco:request_prompt_tokens_sum", 2.0 * ids(HI).len() as f64),
         ("yoco:request_params_n_sum", 2.0),
         ("yoco:request_params_max_tokens_sum", 5.0),
-        ("yoco:gpu_prefix_cache_queries_total", series(&m, "yoco:prefix_cache_queries_total")),
+        (
+            "yoco:gpu_prefix_cache_queries_total",
+            series(&m, "yoco:prefix_cache_queries_total"),
+        ),
     ] {
         assert_eq!(series(&m, &format!("{name}{l}")), want, "{name}");
     }
@@ -420,16 +541,31 @@ fn metrics_count_what_one_chat_request_did_under_vllms_names() {
     assert!(series(&m, "yoco:scheduled_tokens_total") >= 2.0 * ids(HI).len() as f64);
     assert!(series(&m, "yoco:kv_blocks_total") > 0.0);
     assert_eq!(series(&m, "yoco:kv_blocks_used"), 0.0, "nothing leaked");
-    assert!(m.contains("yoco:time_to_first_token_seconds_bucket{model_name=\"mock\",engine=\"0\",le=\"0.001\"}"));
-    assert!(m.contains("yoco:request_prompt_tokens_bucket{model_name=\"mock\",engine=\"0\",le=\"1.0\"}"));
-    assert!(m.contains("yoco:cache_config_info{model_name=\"mock\",engine=\"0\",block_size=\"16\"} 1.0"));
+    assert!(m.contains(
+        "yoco:time_to_first_token_seconds_bucket{model_name=\"mock\",engine=\"0\",le=\"0.001\"}"
+    ));
+    assert!(m.contains(
+        "yoco:request_prompt_tokens_bucket{model_name=\"mock\",engine=\"0\",le=\"1.0\"}"
+    ));
+    assert!(m.contains(
+        "yoco:cache_config_info{model_name=\"mock\",engine=\"0\",block_size=\"16\"} 1.0"
+    ));
     assert_eq!(
-        series(&m, "http_requests_total{method=\"POST\",status=\"2xx\",handler=\"/v1/chat/completions\"}"),
+        series(
+            &m,
+            "http_requests_total{method=\"POST\",status=\"2xx\",handler=\"/v1/chat/completions\"}"
+        ),
         1.0
     );
     s.get("/nope");
     let (_, m) = s.get("/metrics");
-    assert_eq!(series(&m, "http_requests_total{method=\"GET\",status=\"4xx\",handler=\"other\"}"), 1.0);
+    assert_eq!(
+        series(
+            &m,
+            "http_requests_total{method=\"GET\",status=\"4xx\",handler=\"other\"}"
+        ),
+        1.0
+    );
 }
 
 #[test]
@@ -452,13 +588,19 @@ fn cors_answers_only_allowed_origins_and_request_ids_are_echoed() {
     };
     let ok = send("OPTIONS", "http://ui.local");
     assert_eq!(ok.status(), 200);
-    assert_eq!(ok.headers()["access-control-allow-origin"], "http://ui.local");
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://ui.local"
+    );
     assert_eq!(ok.headers()["x-request-id"], "abc123");
     let bad = send("OPTIONS", "http://evil.example");
     assert_eq!(bad.status(), 400);
     assert!(bad.headers().get("access-control-allow-origin").is_none());
     let post = send("POST", "http://ui.local");
-    assert_eq!(post.headers()["access-control-allow-origin"], "http://ui.local");
+    assert_eq!(
+        post.headers()["access-control-allow-origin"],
+        "http://ui.local"
+    );
     let post = send("POST", "http://evil.example");
     assert!(post.headers().get("access-control-allow-origin").is_none());
     // Off by default.

@@ -105,7 +105,7 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
         chat_template_timeout=float(settings.chat_template_seconds), sampling_defaults=defaults,
         compat_metric_names=bool(settings.compat_metric_names), allowed_origins=list(settings.allowed_origins or []),
         return_tokens_as_token_ids=bool(settings.return_tokens_as_token_ids), version=yoco_rs.__version__,
-        cache_config_info=info)
+        cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill))
 
 
 def _token_str(v) -> Optional[str]:

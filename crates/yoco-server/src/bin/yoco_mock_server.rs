@@ -188,12 +188,12 @@ fn main() {
                 std::process::exit(2);
             })
             .route(
-            "/bench/step_trace",
-            get(move || {
-                let s = stats.clone();
-                async move { axum::Json(s.take_step_trace()) }
-            }),
-        );
+                "/bench/step_trace",
+                get(move || {
+                    let s = stats.clone();
+                    async move { axum::Json(s.take_step_trace()) }
+                }),
+            );
         eprintln!(
             "yoco-mock-server: serving on http://{}",
             listener.local_addr().unwrap()
