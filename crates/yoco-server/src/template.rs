@@ -626,6 +626,15 @@ mod tests {
     }
 
     #[test]
+    fn strftime_now_formats_local_time_and_refuses_bad_formats() {
+        let out = render("{{ strftime_now('%Y-%m-%d') }}", conv("[]")).unwrap();
+        let today = chrono::Local::now().format("%Y-%m-%d").to_string();
+        assert_eq!(out, today);
+        let err = render("{{ strftime_now('%Q%') }}", conv("[]")).unwrap_err();
+        assert!(err.contains("strftime_now"), "{err}");
+    }
+
+    #[test]
     fn continue_final_message_cuts_after_the_last_text() {
         let src = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}";
         let mut c =

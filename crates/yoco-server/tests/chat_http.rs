@@ -608,3 +608,21 @@ fn cors_answers_only_allowed_origins_and_request_ids_are_echoed() {
     let (st, _) = plain.post("/v1/chat/completions", &user_hi(json!({"max_tokens": 1})));
     assert_eq!(st, 200);
 }
+
+#[test]
+fn the_vllm_prefix_names_vllms_series_and_leaves_yocos_own() {
+    let s = TestServer::start(Opts {
+        cfg: Some(|c| c.metrics_prefix = "vllm".into()),
+        ..Opts::default()
+    });
+    assert_eq!(
+        s.json("/v1/chat/completions", &user_hi(json!({"max_tokens": 2})))
+            .0,
+        200
+    );
+    let (_, m) = s.get("/metrics");
+    assert_eq!(series(&m, "vllm:time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(series(&m, "vllm:request_params_n_count"), 1.0);
+    assert!(series(&m, "yoco:scheduled_tokens_total") > 0.0);
+    assert!(!m.contains("yoco:time_to_first_token"));
+}
