@@ -38,12 +38,18 @@ def serve_http(
     bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,
     vocab_size: int, api_keys: list[str] = ..., max_n: int = 16, max_prompts_per_request: int = 256,
     max_request_body_bytes: int = ..., metrics_prefix: str = "yoco", max_consecutive_failures: int = 8,
-    on_ready: object | None = None,
+    on_ready: object | None = None, chat_template: str | None = None, special_tokens: list[tuple[str, str]] = ...,
+    trust_request_chat_template: bool = False, chat_template_timeout: float = 2.0,
+    sampling_defaults: list[tuple[str, float]] = ..., compat_metric_names: bool = False,
+    allowed_origins: list[str] = ..., return_tokens_as_token_ids: bool = False, version: str | None = None,
+    cache_config_info: list[tuple[str, str]] = ..., kv_sharing_fast_prefill: bool = True,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
     ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
-    ``on_ready(url)`` is called once the port is bound."""
+    ``on_ready(url)`` is called once the port is bound. ``chat_template`` is the template chat renders with
+    (``--chat-template`` or the checkpoint's), ``special_tokens`` its ``bos_token``/``eos_token``/... values,
+    ``sampling_defaults`` the generation config's defaults, ``cache_config_info`` the labels of that metric."""
     ...
 
 class GrammarBusyError(RuntimeError):

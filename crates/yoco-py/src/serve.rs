@@ -14,7 +14,10 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use yoco_server::{AppConfig, ExecError, Executor, GenParams, LoopConfig, StepInputs};
+use yoco_server::{
+    AppConfig, ExecError, Executor, GenParams, LoopConfig, SamplingDefaults, SpecialTokens,
+    StepInputs,
+};
 use yoco_text::Tokenizer;
 
 use crate::plan::StepPlan;
@@ -160,7 +163,10 @@ impl Executor for PyStepExecutor {
     loops, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
     vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
     max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
-    on_ready = None
+    on_ready = None, chat_template = None, special_tokens = Vec::new(), trust_request_chat_template = false,
+    chat_template_timeout = 2.0, sampling_defaults = Vec::new(), compat_metric_names = false,
+    allowed_origins = Vec::new(), return_tokens_as_token_ids = false, version = None,
+    cache_config_info = Vec::new(), kv_sharing_fast_prefill = true
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -181,6 +187,17 @@ pub fn serve_http(
     metrics_prefix: String,
     max_consecutive_failures: u32,
     on_ready: Option<Py<PyAny>>,
+    chat_template: Option<String>,
+    special_tokens: Vec<(String, String)>,
+    trust_request_chat_template: bool,
+    chat_template_timeout: f64,
+    sampling_defaults: Vec<(String, f64)>,
+    compat_metric_names: bool,
+    allowed_origins: Vec<String>,
+    return_tokens_as_token_ids: bool,
+    version: Option<String>,
+    cache_config_info: Vec<(String, String)>,
+    kv_sharing_fast_prefill: bool,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -227,10 +244,58 @@ pub fn serve_http(
     cfg.max_request_body_bytes = max_request_body_bytes;
     cfg.metrics_prefix = metrics_prefix;
     cfg.bos_token_id = bos_token_id;
+    cfg.chat_template = chat_template;
+    let tok_of = |k: &str| {
+        special_tokens
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    cfg.special_tokens = SpecialTokens {
+        bos: tok_of("bos_token"),
+        eos: tok_of("eos_token"),
+        pad: tok_of("pad_token"),
+        unk: tok_of("unk_token"),
+    };
+    cfg.trust_request_chat_template = trust_request_chat_template;
+    if !(chat_template_timeout.is_finite() && chat_template_timeout >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "chat_template_timeout must be >= 0 seconds, got {chat_template_timeout}"
+        )));
+    }
+    cfg.chat_template_timeout = std::time::Duration::from_secs_f64(chat_template_timeout);
+    let mut d = SamplingDefaults::default();
+    for (k, v) in sampling_defaults {
+        match k.as_str() {
+            "temperature" => d.temperature = Some(v),
+            "top_p" => d.top_p = Some(v),
+            "top_k" => d.top_k = Some(v as i64),
+            "min_p" => d.min_p = Some(v),
+            _ => {}
+        }
+    }
+    cfg.sampling_defaults = d;
+    cfg.compat_metric_names = compat_metric_names;
+    cfg.allowed_origins = allowed_origins;
+    cfg.return_tokens_as_token_ids = return_tokens_as_token_ids;
+    if let Some(v) = version {
+        cfg.version = v;
+    }
+    cfg.cache_config_info = cache_config_info;
+    cfg.kv_sharing_fast_prefill = kv_sharing_fast_prefill;
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
+    // A chat template that does not compile is a start-up error (before the ready line).
+    let app = match yoco_server::try_router(cfg, engines, tok) {
+        Ok(app) => app,
+        Err(e) => {
+            py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));
+            return Err(PyValueError::new_err(e));
+        }
+    };
     let result = py.detach(move || -> Result<(), String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -246,7 +311,6 @@ pub fn serve_http(
                 Python::attach(|py| cb.call1(py, (format!("http://{bound}"),)).map(|_| ()))
                     .map_err(|e| e.to_string())?;
             }
-            let app = yoco_server::router(cfg, engines, tok);
             yoco_server::serve_router(listener, app, async {
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

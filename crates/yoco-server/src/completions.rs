@@ -17,7 +17,7 @@ use crate::answer::{final_response, stream_response, Ctx};
 use crate::app::{parse_json, AppState};
 use crate::openai::{ApiError, CompletionRequest};
 use crate::params::GenParams;
-use crate::validate::{gen_params, prompts, refuse_unserved};
+use crate::validate::{check_n, gen_params, prompts, refuse_unserved, Prompt};
 
 pub(crate) async fn create(
     State(s): State<Arc<AppState>>,
@@ -29,35 +29,30 @@ pub(crate) async fn create(
     }
 }
 
-async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse_json(body)?;
+/// What a completions request runs: the served name, the prompts, one choice's parameters per
+/// prompt, and `n` (what `/v1/completions/render` shows, too).
+pub(crate) async fn completion_inputs(
+    s: &Arc<AppState>,
+    req: &CompletionRequest,
+) -> Result<(String, Vec<Prompt>, Vec<GenParams>, u32), ApiError> {
     let model = s.check_model(req.model.as_deref())?;
-    if s.engines.all_dead() {
-        return Err(ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The engine is not running.",
-        ));
-    }
-    refuse_unserved(&req)?;
-    let n = match req.n {
-        None => 1,
-        Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => n as u32,
-        Some(n) => {
-            return Err(ApiError::bad(
-                format!(
-                    "n must be in [1, {}] (the server's --max-n), got {n}",
-                    s.cfg.max_n
-                ),
-                Some("n"),
-            ))
-        }
-    };
-    let prompts = prompts(&s, req.prompt.clone()).await?;
+    s.ensure_serving()?;
+    refuse_unserved(req)?;
+    let n = check_n(s, req.n)?;
+    let prompts = prompts(s, req.prompt.clone()).await?;
     let stream = req.stream.unwrap_or(false);
     let params: Vec<GenParams> = prompts
         .iter()
-        .map(|p| gen_params(&s, &req, &p.ids, stream))
+        .map(|p| gen_params(s, req, &p.ids, stream))
         .collect::<Result<_, _>>()?;
+    Ok((model, prompts, params, n))
+}
+
+async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_json(body)?;
+    let (model, prompts, params, n) = completion_inputs(&s, &req).await?;
+    let stream = req.stream.unwrap_or(false);
+    s.front.observe_params(n, params[0].max_tokens);
     let mut subs = Vec::with_capacity(prompts.len() * n as usize);
     for (i, p) in params.iter().enumerate() {
         for j in 0..n {
@@ -106,8 +101,16 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
     }
 }
 
+/// Unix seconds (the `created` of responses).
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// A random-enough request id without a uuid dependency: time and a process-wide counter, mixed.
-fn uuid_like() -> String {
+pub(crate) fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let t = SystemTime::now()

@@ -30,7 +30,7 @@ use crate::executor::{Executor, StepInputs};
 use crate::handle::LoopConfig;
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
-use crate::stats::Stats;
+use crate::stats::{RequestTimes, Stats};
 
 /// What handles send the loop.
 pub(crate) enum Command {
@@ -53,6 +53,7 @@ struct Live {
     cached: u32,
     admitted: bool,
     stop: Vec<String>,
+    times: RequestTimes,
 }
 
 pub(crate) struct StepLoop {
@@ -166,7 +167,7 @@ impl StepLoop {
         false
     }
 
-    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, _arrival: Instant) {
+    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, arrival: Instant) {
         let opts = SeqOptions {
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str,
@@ -227,6 +228,7 @@ impl StepLoop {
                 cached: 0,
                 admitted: false,
                 stop: p.stop,
+                times: RequestTimes::new(arrival),
             },
         );
         self.stats
@@ -258,6 +260,7 @@ impl StepLoop {
             if let Some(l) = self.live.get_mut(&id) {
                 if !l.admitted {
                     l.admitted = true;
+                    self.stats.observe_admitted(&mut l.times, t0);
                     l.cached = plan.admitted_num_cached[k].max(0) as u32;
                 } else {
                     resumed.push((
@@ -270,6 +273,7 @@ impl StepLoop {
                 }
             }
         }
+        self.stats.observe_plan(plan.num_tokens, plan.num_cross);
         let ngroups = self.sched.num_groups();
         let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
         let launched = self.exec.launch(&StepInputs {
@@ -347,6 +351,7 @@ impl StepLoop {
             stop_text.insert(k, w as usize);
         }
         let mut di = 0;
+        let now = Instant::now();
         for (k, &id) in outcome.req_ids.iter().enumerate() {
             let delta = if di < step.delta_idx.len() && step.delta_idx[di] as usize == k {
                 di += 1;
@@ -360,6 +365,7 @@ impl StepLoop {
             let tok = outcome.new_tokens[k];
             if tok >= 0 {
                 l.generated += 1;
+                self.stats.observe_token(&mut l.times, now);
             }
             let token_id = (tok >= 0).then_some(tok as u32);
             if fin[k] == 0 {
@@ -453,6 +459,8 @@ impl StepLoop {
             FinishReason::Abort => 2,
         };
         self.stats.finished[i].fetch_add(1, Relaxed);
+        self.stats
+            .observe_end(&l.times, Instant::now(), l.prompt_tokens, l.generated);
         self.outbox.push((
             id,
             Event::Finished(Finished {
@@ -518,5 +526,6 @@ impl StepLoop {
             .store(kv.prefix_query_tokens, Relaxed);
         self.stats.prefix_hits.store(kv.prefix_hit_tokens, Relaxed);
         self.stats.preemptions.store(s.num_preemptions, Relaxed);
+        self.stats.publish_kv(kv);
     }
 }

@@ -187,7 +187,12 @@ fn check_ids(s: &AppState, ids: Vec<i64>, wher: &str) -> Result<Prompt, ApiError
     })
 }
 
-fn context_error(limit: u32, prompt_len: usize, max_tokens: Option<i64>) -> ApiError {
+fn context_error(
+    limit: u32,
+    prompt_len: usize,
+    max_tokens: Option<i64>,
+    prompt_param: &str,
+) -> ApiError {
     let p = prompt_len as i64;
     let n = limit as i64;
     if p >= n {
@@ -203,7 +208,7 @@ fn context_error(limit: u32, prompt_len: usize, max_tokens: Option<i64>) -> ApiE
             format!("This model's maximum context length is {n} tokens. However, your prompt contains {p} input \
                      tokens{asked}. The prompt must be at most {} tokens to leave room for at least one output \
                      token; please reduce the length of the prompt.", n - 1),
-            Some("prompt"),
+            Some(prompt_param),
         );
     }
     let m = max_tokens.unwrap_or(0);
@@ -233,7 +238,21 @@ pub(crate) fn gen_params(
     prompt: &[u32],
     stream: bool,
 ) -> Result<GenParams, ApiError> {
+    gen_params_for(s, r, prompt, stream, "prompt")
+}
+
+/// [`gen_params`] for a prompt that came in as `prompt_param` (`messages` for chat: a context
+/// error then names it). Sampling fields the request leaves unset take the server's defaults (the
+/// checkpoint's `generation_config.json`, as the Python server does).
+pub(crate) fn gen_params_for(
+    s: &AppState,
+    r: &CompletionRequest,
+    prompt: &[u32],
+    stream: bool,
+    prompt_param: &str,
+) -> Result<GenParams, ApiError> {
     let limit = s.cfg.max_model_len;
+    let d = &s.cfg.sampling_defaults;
     if let Some(m) = r.max_tokens {
         if m < 1 {
             return Err(ApiError::bad(
@@ -244,13 +263,24 @@ pub(crate) fn gen_params(
     }
     let room = limit as i64 - prompt.len() as i64;
     if room < 1 || r.max_tokens.is_some_and(|m| m > room) {
-        return Err(context_error(limit, prompt.len(), r.max_tokens));
+        return Err(context_error(
+            limit,
+            prompt.len(),
+            r.max_tokens,
+            prompt_param,
+        ));
     }
     let max_tokens = r.max_tokens.unwrap_or(room) as u32;
-    let temperature = finite_in("temperature", r.temperature, 0.0, 100.0, 1.0)?;
-    let top_p = finite_in("top_p", r.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
-    let min_p = finite_in("min_p", r.min_p, 0.0, 1.0, 0.0)?;
-    let top_k = match r.top_k {
+    let temperature = finite_in(
+        "temperature",
+        r.temperature.or(d.temperature),
+        0.0,
+        100.0,
+        1.0,
+    )?;
+    let top_p = finite_in("top_p", r.top_p.or(d.top_p), f64::MIN_POSITIVE, 1.0, 1.0)?;
+    let min_p = finite_in("min_p", r.min_p.or(d.min_p), 0.0, 1.0, 0.0)?;
+    let top_k = match r.top_k.or(d.top_k) {
         None | Some(-1) | Some(0) => 0,
         Some(k) if (1..=i32::MAX as i64).contains(&k) => k as u32,
         Some(k) => {
@@ -270,11 +300,15 @@ pub(crate) fn gen_params(
             ))
         }
     };
-    let stop = match &r.stop {
+    // Empty stop strings are dropped, as the Python server does (an empty string matches nothing).
+    let stop: Vec<String> = match &r.stop {
         None => Vec::new(),
         Some(StopInput::One(x)) => vec![x.clone()],
         Some(StopInput::Many(v)) => v.clone(),
-    };
+    }
+    .into_iter()
+    .filter(|x| !x.is_empty())
+    .collect();
     if stop.len() > s.cfg.max_stop_strings {
         return Err(ApiError::bad(
             format!(
@@ -324,4 +358,99 @@ pub(crate) fn gen_params(
             seed: r.seed.map(|x| x as u64),
         },
     })
+}
+
+/// `n`: 1 when omitted, at most the server's `--max-n`.
+pub(crate) fn check_n(s: &AppState, n: Option<i64>) -> Result<u32, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => Ok(n as u32),
+        Some(n) => Err(ApiError::bad(
+            format!(
+                "n must be in [1, {}] (the server's --max-n), got {n}",
+                s.cfg.max_n
+            ),
+            Some("n"),
+        )),
+    }
+}
+
+/// The token ids of a rendered conversation (or a `/tokenize` text): `<bos>` is prepended only
+/// with `add_special_tokens` (chat templates write it themselves), `truncate_prompt_tokens` keeps
+/// the last k ids (-1: the context length). Long texts are tokenized on the blocking pool; a text
+/// that cannot fit the context is refused without tokenizing it.
+pub(crate) async fn encode_rendered(
+    s: &Arc<AppState>,
+    text: String,
+    add_special_tokens: bool,
+    truncate: Option<i64>,
+) -> Result<Vec<u32>, ApiError> {
+    let max = s.cfg.max_model_len as i64;
+    let keep = match truncate {
+        None => None,
+        Some(-1) => Some(max as usize),
+        Some(k) if k >= 1 && k <= max => Some(k as usize),
+        Some(k) if k > max => {
+            return Err(ApiError::bad(
+                format!("truncate_prompt_tokens must be <= max_model_len ({max}), got {k}"),
+                Some("truncate_prompt_tokens"),
+            ))
+        }
+        Some(k) => {
+            return Err(ApiError::bad(
+                format!("truncate_prompt_tokens must be -1 or an integer >= 1, got {k}"),
+                Some("truncate_prompt_tokens"),
+            ))
+        }
+    };
+    if keep.is_none() && text.len() > s.cfg.max_prompt_bytes() {
+        return Err(ApiError::bad(
+            format!(
+                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
+                 maximum context length",
+                text.len(),
+                s.cfg.max_model_len
+            ),
+            Some("messages"),
+        ));
+    }
+    let enc = if text.len() > INLINE_TOKENIZE_BYTES {
+        let s2 = s.clone();
+        tokio::task::spawn_blocking(move || {
+            s2.tok
+                .encode(text.as_str(), false)
+                .map(|e| e.get_ids().to_vec())
+        })
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    } else {
+        s.tok
+            .encode(text.as_str(), false)
+            .map(|e| e.get_ids().to_vec())
+    };
+    let mut ids = enc.map_err(|e| {
+        ApiError::bad(
+            format!("the rendered conversation could not be tokenized: {e}"),
+            Some("messages"),
+        )
+    })?;
+    if add_special_tokens {
+        if let Some(bos) = s.cfg.bos_token_id {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Err(ApiError::bad(
+            "the rendered conversation is empty",
+            Some("messages"),
+        ));
+    }
+    if let Some(k) = keep {
+        if ids.len() > k {
+            ids.drain(..ids.len() - k);
+        }
+    }
+    Ok(ids)
 }

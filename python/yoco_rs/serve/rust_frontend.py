@@ -5,10 +5,11 @@ HTTP, validation, tokenization, the scheduler, detokenization, stop strings and 
 the GIL released; the Rust step loop calls ``StepExecutor`` with the GIL held only for that call:
 ``add_request``/``remove_request`` once per request, ``launch``/``collect`` once per step (O(1) calls,
 flat arrays). What the Rust front end serves today is ``/v1/completions`` (text and token prompts,
-``n``, stop strings and ids, streaming with usage, echo, seeds), ``/v1/models``, ``/health`` and
-``/metrics``; requests that need what it does not serve yet (chat, logprobs, penalties, structured
-outputs, tools, KV events) get a 400 naming the field. The default ``--frontend python`` serves
-everything.
+``n``, stop strings and ids, streaming with usage, echo, seeds), ``/v1/models``, ``/health``,
+``/metrics``, ``/v1/chat/completions`` (chat templates rendered in Rust), the render endpoints,
+``/tokenize``, ``/detokenize`` and ``/version``; requests that need what it does not serve yet (logprobs,
+penalties, structured outputs, tools, KV events) get a 400 naming the field. The default
+``--frontend python`` serves everything.
 """
 
 from __future__ import annotations
@@ -31,10 +32,8 @@ _NO_OUTPUT = np.zeros(0, dtype=np.int64)
 
 # Server flags the Rust front end does not implement yet: refused at start-up rather than ignored.
 UNSUPPORTED_FLAGS = {
-    "chat_template": "--chat-template", "enable_auto_tool_choice": "--enable-auto-tool-choice",
-    "tool_call_parser": "--tool-call-parser", "kv_events_config": "--kv-events-config",
-    "allowed_origins": "--allowed-origins", "return_tokens_as_token_ids": "--return-tokens-as-token-ids",
-    "compat_metric_names": "--compat-metric-names",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
+    "kv_events_config": "--kv-events-config",
 }
 
 
@@ -86,6 +85,33 @@ class StepExecutor:
         return np.ascontiguousarray(s.numpy(), dtype=np.int32)
 
 
+def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
+    """What the Rust front end needs beyond the engine: the chat template (``--chat-template``, else the
+    checkpoint's) and the special tokens it sees, the template's budget, the generation config's sampling
+    defaults, and the flags the Python server also takes (CORS, metric names, version)."""
+    import yoco_rs
+    from yoco_rs.serve.metrics import cache_config_info
+
+    tok = rt.tokenizer
+    special = [(k, v) for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token),
+                                    ("pad_token", tok.pad_token),
+                                    ("unk_token", _token_str(tok.config.get("unk_token")))) if v is not None]
+    defaults = [(k, float(v)) for k, v in dict(rt.sampling_defaults).items()
+                if k in ("temperature", "top_p", "top_k", "min_p") and v is not None]
+    info = sorted((k, str(v)) for k, v in cache_config_info(rt.config).items())
+    return dict(
+        chat_template=settings.chat_template or tok.chat_template, special_tokens=special,
+        trust_request_chat_template=bool(settings.trust_request_chat_template),
+        chat_template_timeout=float(settings.chat_template_seconds), sampling_defaults=defaults,
+        compat_metric_names=bool(settings.compat_metric_names), allowed_origins=list(settings.allowed_origins or []),
+        return_tokens_as_token_ids=bool(settings.return_tokens_as_token_ids), version=yoco_rs.__version__,
+        cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill))
+
+
+def _token_str(v) -> Optional[str]:
+    return v.get("content") if isinstance(v, dict) else (None if v is None else str(v))
+
+
 def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
     """Load the model, then serve from Rust until SIGINT/SIGTERM. The exit status of ``yoco-serve``."""
     for attr, flag in UNSUPPORTED_FLAGS.items():
@@ -118,7 +144,8 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         api_keys=list(settings.api_keys or []), max_n=int(settings.max_n),
         max_prompts_per_request=int(settings.max_prompts_per_request),
         max_request_body_bytes=int(settings.max_request_body_bytes), metrics_prefix=settings.metrics_prefix,
-        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready)
+        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready,
+        **_chat_and_metrics_settings(rt, settings))
     print("yoco-serve: stopped", file=sys.stderr, flush=True)
     return 0
 

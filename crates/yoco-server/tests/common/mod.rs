@@ -28,6 +28,14 @@ pub fn encode(text: &str) -> Vec<u32> {
     ids
 }
 
+/// The bundled checkpoint's directory (tokenizer and chat template).
+pub fn bundled_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../python/yoco_rs/default_model"
+    ))
+}
+
 pub fn tokenizer() -> Tokenizer {
     let p = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -61,6 +69,12 @@ pub struct Opts {
     pub loops: usize,
     /// The executor of loop i given the vocabulary size (default: the plain mock).
     pub exec_of: Option<fn(usize, u32) -> MockModel>,
+    /// `--trust-request-chat-template`.
+    pub trust_templates: bool,
+    /// `--chat-template` (default: the bundled checkpoint's).
+    pub chat_template: Option<String>,
+    /// Edits the rest of the front end's configuration.
+    pub cfg: Option<fn(&mut AppConfig)>,
 }
 
 impl Default for Opts {
@@ -76,6 +90,9 @@ impl Default for Opts {
             exec: None,
             loops: 1,
             exec_of: None,
+            trust_templates: false,
+            chat_template: None,
+            cfg: None,
         }
     }
 }
@@ -117,6 +134,13 @@ impl TestServer {
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
         cfg.bos_token_id = Some(BOS);
+        let (template, tokens) = yoco_server::load_checkpoint_template(&bundled_dir());
+        cfg.chat_template = o.chat_template.or(template);
+        cfg.special_tokens = tokens;
+        cfg.trust_request_chat_template = o.trust_templates;
+        if let Some(f) = o.cfg {
+            f(&mut cfg);
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -234,4 +258,32 @@ pub fn sse_events(body: &str) -> Vec<String> {
         .filter_map(|e| e.strip_prefix("data: "))
         .map(str::to_string)
         .collect()
+}
+
+/// What the mock model generates for `prompt` when it runs alone through the core (no step loop,
+/// no HTTP): the reference the server's answers are checked against.
+pub fn reference_tokens(prompt: &[u32], max_tokens: u32) -> Vec<u32> {
+    use yoco_core::mock::MockExecutor;
+    use yoco_core::sched::{NewRequest, Scheduler};
+    let vocab = tokenizer().get_vocab_size(true) as u32;
+    let mut c = SchedulerConfig::new(vec![LayerKind::Full], 16, 256).unwrap();
+    c.max_model_len = 1024;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add_request(NewRequest {
+        id: 1,
+        prompt: prompt.to_vec(),
+        max_tokens,
+        eos_token_ids: vec![1],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut m = MockExecutor::new(vocab).first_token(16);
+    let mut out = Vec::new();
+    while s.num_unfinished() > 0 {
+        let plan = s.schedule().clone();
+        let sampled = m.sample(&plan, &[]).to_vec();
+        let o = s.update(&sampled).unwrap();
+        out.extend(o.new_tokens.iter().filter(|&&t| t >= 0).map(|&t| t as u32));
+    }
+    out
 }
