@@ -3,7 +3,7 @@
 //! Every handler runs on tokio's workers, never on the step loop's thread; tokenizing a long prompt
 //! moves to the blocking pool so the accept path stays responsive.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -14,12 +14,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use yoco_grammar::GrammarCompiler;
 use yoco_text::Tokenizer;
 
 use crate::completions;
 use crate::dispatch::Engines;
 use crate::metrics;
 use crate::openai::ApiError;
+pub use crate::structured::StructuredConfig;
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
 #[derive(Clone)]
@@ -45,6 +47,12 @@ pub struct AppConfig {
     /// Prepended to text prompts that do not start with it (the checkpoint's `add_bos_token`; Gemma's
     /// `tokenizer.json` does not add it itself). None: text is encoded as the tokenizer does.
     pub bos_token_id: Option<u32>,
+    /// Largest `logprobs` / `prompt_logprobs` (`--max-logprobs`).
+    pub max_logprobs: u32,
+    /// Logprob tokens as `token_id:N` for every request (`--return-tokens-as-token-ids`).
+    pub return_tokens_as_token_ids: bool,
+    /// Structured outputs: EOS ids, compile budgets, compact JSON (`--structured-outputs-config`).
+    pub structured: StructuredConfig,
 }
 
 impl AppConfig {
@@ -61,6 +69,9 @@ impl AppConfig {
             metrics_prefix: "yoco".into(),
             max_stop_strings: 64,
             bos_token_id: None,
+            max_logprobs: 20,
+            return_tokens_as_token_ids: false,
+            structured: StructuredConfig::default(),
         }
     }
 }
@@ -71,6 +82,8 @@ pub(crate) struct AppState {
     pub engines: Engines,
     pub tok: Tokenizer,
     pub started_at: u64,
+    /// The grammar compiler, built on the first constrained request (`structured.rs`).
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl AppState {
@@ -95,6 +108,7 @@ pub fn router(cfg: AppConfig, engines: impl Into<Engines>, tok: Tokenizer) -> Ro
         cfg,
         engines: engines.into(),
         tok,
+        grammar: OnceLock::new(),
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

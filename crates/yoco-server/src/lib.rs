@@ -30,18 +30,25 @@ pub mod app;
 mod completions;
 pub mod dispatch;
 pub mod executor;
+mod grammar_rows;
 pub mod handle;
+mod logprobs;
+mod logprobs_json;
 mod metrics;
 pub mod openai;
 pub mod output;
 pub mod params;
 pub mod stats;
 pub mod step_loop;
+mod structured;
 mod validate;
 
-pub use app::{router, serve_router, AppConfig};
+pub use app::{router, serve_router, AppConfig, StructuredConfig};
 pub use dispatch::Engines;
-pub use executor::{ExecError, Executor, MockModel, StepInputs};
+pub use executor::{
+    ExecError, Executor, GrammarMasks, LogprobTable, MaskRows, MockModel, PromptScoring,
+    StepInputs, StepOutput,
+};
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
-pub use output::{Event, FinishReason};
+pub use output::{Event, FinishReason, PromptLogprobs, TokenLogprob};
 pub use params::GenParams;

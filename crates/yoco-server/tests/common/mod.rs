@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use yoco_core::kv::LayerKind;
 use yoco_core::sched::SchedulerConfig;
+use yoco_grammar::CompileLimits;
 use yoco_server::{AppConfig, EngineHandle, Engines, LoopConfig, MockModel};
 use yoco_text::Tokenizer;
 
@@ -61,6 +62,12 @@ pub struct Opts {
     pub loops: usize,
     /// The executor of loop i given the vocabulary size (default: the plain mock).
     pub exec_of: Option<fn(usize, u32) -> MockModel>,
+    /// The scheduler's token budget per step (chunked prefill below it).
+    pub batched_tokens: u32,
+    /// Grammar compile budgets (default: the server's).
+    pub grammar_limits: Option<CompileLimits>,
+    /// JSON constraints without optional whitespace by default (`disable_any_whitespace`).
+    pub compact_json: bool,
 }
 
 impl Default for Opts {
@@ -76,6 +83,9 @@ impl Default for Opts {
             exec: None,
             loops: 1,
             exec_of: None,
+            batched_tokens: 1024,
+            grammar_limits: None,
+            compact_json: false,
         }
     }
 }
@@ -92,7 +102,7 @@ impl TestServer {
         let mut sc = SchedulerConfig::new(layers, 16, o.num_blocks).unwrap();
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
-        sc.max_num_batched_tokens = 1024;
+        sc.max_num_batched_tokens = o.batched_tokens;
         let mut first = o.exec;
         let loops: Vec<EngineHandle> = (0..o.loops.max(1))
             .map(|i| {
@@ -117,6 +127,11 @@ impl TestServer {
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
         cfg.bos_token_id = Some(BOS);
+        cfg.structured.eos_token_ids = vec![1];
+        cfg.structured.disable_any_whitespace = o.compact_json;
+        if let Some(l) = o.grammar_limits {
+            cfg.structured.limits = l;
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
