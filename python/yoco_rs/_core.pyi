@@ -38,13 +38,24 @@ def serve_http(
     bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,
     vocab_size: int, api_keys: list[str] = ..., max_n: int = 16, max_prompts_per_request: int = 256,
     max_request_body_bytes: int = ..., metrics_prefix: str = "yoco", max_consecutive_failures: int = 8,
-    on_ready: object | None = None,
+    on_ready: object | None = None, max_logprobs: int = 20, return_tokens_as_token_ids: bool = False,
+    structured_outputs_config: dict | None = None,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
-    ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
-    ``on_ready(url)`` is called once the port is bound."""
+    ``launch(plan, tables, resumed, masks, scoring)`` and ``collect()`` (``serve.rust_frontend.StepExecutor``
+    documents both). ``on_ready(url)`` is called once the port is bound. ``structured_outputs_config``: the
+    engine's (compile budgets, ``disable_any_whitespace``)."""
     ...
+
+class StepMasks:
+    """The token bitmasks of one step's constrained sampling rows, computed on the grammar pool while the
+    forward runs (handed to ``StepExecutor.launch`` by the Rust serving path)."""
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait (GIL released) and return ``(rows int64[C], bitmask int32[C, words])``: ``rows`` are positions
+        into the plan's ``sample_rows``; bit ``t % 32`` of word ``t // 32`` allows token ``t``."""
+        ...
 
 class GrammarBusyError(RuntimeError):
     """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""
