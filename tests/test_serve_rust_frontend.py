@@ -68,11 +68,12 @@ def test_rust_frontend_seeded_sampling_is_reproducible(server):
 
 
 def test_rust_frontend_refuses_what_it_does_not_serve_yet_by_name(server):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logprobs": 2}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logit_bias": {"5": 1.0}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                              "top_logprobs": 2, "logprobs": True}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+                                                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
     r = httpx.post(server.url + "/v1/audio/transcriptions", json={}, timeout=30)
     assert r.status_code == 501 and "--frontend python" in r.json()["error"]["message"]
     m = httpx.get(server.url + "/metrics", timeout=30).text

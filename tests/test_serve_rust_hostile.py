@@ -24,8 +24,10 @@ INT_FIELDS = {
     "priority": lambda v: {"prompt": "x", "max_tokens": 1, "priority": v},
     "stop_token_ids": lambda v: {"prompt": "x", "max_tokens": 1, "stop_token_ids": [v]},
     "prompt_token_id": lambda v: {"prompt": [2, v], "max_tokens": 1},
+    "logprobs": lambda v: {"prompt": "x", "max_tokens": 1, "logprobs": v},
+    "prompt_logprobs": lambda v: {"prompt": "x", "max_tokens": 1, "prompt_logprobs": v},
 }
-FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def _cases():

@@ -42,15 +42,26 @@ def serve_http(
     trust_request_chat_template: bool = False, chat_template_timeout: float = 2.0,
     sampling_defaults: list[tuple[str, float]] = ..., compat_metric_names: bool = False,
     allowed_origins: list[str] = ..., return_tokens_as_token_ids: bool = False, version: str | None = None,
-    cache_config_info: list[tuple[str, str]] = ..., kv_sharing_fast_prefill: bool = True,
+    cache_config_info: list[tuple[str, str]] = ..., kv_sharing_fast_prefill: bool = True, max_logprobs: int = 20,
+    structured_outputs_config: dict | None = None,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
-    ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
-    ``on_ready(url)`` is called once the port is bound. ``chat_template`` is the template chat renders with
-    (``--chat-template`` or the checkpoint's), ``special_tokens`` its ``bos_token``/``eos_token``/... values,
-    ``sampling_defaults`` the generation config's defaults, ``cache_config_info`` the labels of that metric."""
+    ``launch(plan, tables, resumed, masks, scoring)`` and ``collect()`` (``serve.rust_frontend.StepExecutor``
+    documents both). ``on_ready(url)`` is called once the port is bound. ``chat_template`` is the template chat
+    renders with (``--chat-template`` or the checkpoint's), ``special_tokens`` its ``bos_token``/``eos_token``/...
+    values, ``sampling_defaults`` the generation config's defaults, ``cache_config_info`` the labels of that
+    metric, ``structured_outputs_config`` the engine's (compile budgets, ``disable_any_whitespace``)."""
     ...
+
+class StepMasks:
+    """The token bitmasks of one step's constrained sampling rows, computed on the grammar pool while the
+    forward runs (handed to ``StepExecutor.launch`` by the Rust serving path)."""
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait (GIL released) and return ``(rows int64[C], bitmask int32[C, words])``: ``rows`` are positions
+        into the plan's ``sample_rows``; bit ``t % 32`` of word ``t // 32`` allows token ``t``."""
+        ...
 
 class GrammarBusyError(RuntimeError):
     """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""

@@ -10,25 +10,26 @@
 use std::net::SocketAddr;
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use numpy::IntoPyArray;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use yoco_server::{
     AppConfig, ExecError, Executor, GenParams, LoopConfig, SamplingDefaults, SpecialTokens,
-    StepInputs,
+    StepInputs, StepOutput,
 };
 use yoco_text::Tokenizer;
 
 use crate::plan::StepPlan;
 use crate::scheduler::Scheduler;
+use crate::serve_sampling::{read_output, structured_config, PyStepMasks};
 
 /// The Python executor behind the Rust step loop.
 struct PyStepExecutor {
     obj: Py<PyAny>,
     num_groups: usize,
     block_size: usize,
-    sampled: Vec<i32>,
+    out: StepOutput,
 }
 
 fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
@@ -64,6 +65,10 @@ impl Executor for PyStepExecutor {
             let _ = kw.set_item("min_tokens", p.min_tokens);
             let _ = kw.set_item("ignore_eos", p.ignore_eos);
             let _ = kw.set_item("stop_token_ids", p.stop_token_ids.clone());
+            let _ = kw.set_item("presence_penalty", s.presence_penalty);
+            let _ = kw.set_item("frequency_penalty", s.frequency_penalty);
+            let _ = kw.set_item("repetition_penalty", s.repetition_penalty);
+            let _ = kw.set_item("logprobs", p.logprobs.map_or(-1, i64::from));
             let prompt = p
                 .prompt
                 .iter()
@@ -126,31 +131,35 @@ impl Executor for PyStepExecutor {
                     .set_item(id, v.into_pyarray(py))
                     .map_err(|e| exec_err(py, e))?;
             }
+            let masks = match step.masks {
+                Some(m) => Some(
+                    Py::new(py, PyStepMasks { inner: m.clone() }).map_err(|e| exec_err(py, e))?,
+                ),
+                None => None,
+            };
+            let ps = step.prompt_scoring;
+            let scoring = (!ps.is_empty()).then(|| {
+                let rows: Vec<i64> = ps.rows.iter().map(|&x| x as i64).collect();
+                let targets: Vec<i64> = ps.targets.iter().map(|&x| x as i64).collect();
+                (rows.into_pyarray(py), targets.into_pyarray(py), ps.k)
+            });
             self.obj
-                .call_method1(py, "launch", (plan_obj, tabs, resumed))
+                .call_method1(py, "launch", (plan_obj, tabs, resumed, masks, scoring))
                 .map_err(|e| exec_err(py, e))?;
             Ok(())
         })
     }
 
-    fn collect(&mut self) -> Result<&[i32], ExecError> {
-        let out = Python::attach(|py| -> Result<Vec<i32>, ExecError> {
+    fn collect(&mut self) -> Result<&StepOutput, ExecError> {
+        let out = &mut self.out;
+        Python::attach(|py| -> Result<(), ExecError> {
             let r = self
                 .obj
                 .call_method0(py, "collect")
                 .map_err(|e| exec_err(py, e))?;
-            let arr = r.bind(py).cast::<PyArray1<i32>>().map_err(|_| {
-                ExecError("executor.collect() must return a 1-D int32 numpy array".into())
-            })?;
-            let v = arr
-                .readonly()
-                .as_slice()
-                .map(<[i32]>::to_vec)
-                .map_err(|e| ExecError(e.to_string()));
-            v
+            read_output(r.bind(py), out)
         })?;
-        self.sampled = out;
-        Ok(&self.sampled)
+        Ok(&self.out)
     }
 }
 
@@ -166,7 +175,8 @@ impl Executor for PyStepExecutor {
     on_ready = None, chat_template = None, special_tokens = Vec::new(), trust_request_chat_template = false,
     chat_template_timeout = 2.0, sampling_defaults = Vec::new(), compat_metric_names = false,
     allowed_origins = Vec::new(), return_tokens_as_token_ids = false, version = None,
-    cache_config_info = Vec::new(), kv_sharing_fast_prefill = true
+    cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
+    structured_outputs_config = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -198,6 +208,8 @@ pub fn serve_http(
     version: Option<String>,
     cache_config_info: Vec<(String, String)>,
     kv_sharing_fast_prefill: bool,
+    max_logprobs: u32,
+    structured_outputs_config: Option<Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -220,7 +232,7 @@ pub fn serve_http(
             obj: executor,
             num_groups,
             block_size,
-            sampled: Vec::new(),
+            out: StepOutput::default(),
         };
         let engine = yoco_server::EngineHandle::start(
             LoopConfig {
@@ -284,6 +296,8 @@ pub fn serve_http(
     }
     cfg.cache_config_info = cache_config_info;
     cfg.kv_sharing_fast_prefill = kv_sharing_fast_prefill;
+    cfg.max_logprobs = max_logprobs;
+    cfg.structured = structured_config(structured_outputs_config.as_ref(), &eos_token_ids)?;
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())

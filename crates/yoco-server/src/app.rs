@@ -3,7 +3,7 @@
 //! Every handler runs on tokio's workers, never on the step loop's thread; tokenizing a long prompt
 //! moves to the blocking pool so the accept path stays responsive.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use yoco_grammar::GrammarCompiler;
 use yoco_text::Tokenizer;
 
 use crate::completions;
@@ -21,6 +22,7 @@ use crate::dispatch::Engines;
 use crate::front_metrics::{count_http, FrontMetrics};
 use crate::metrics;
 use crate::openai::ApiError;
+pub use crate::structured::StructuredConfig;
 use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
 use crate::{chat, cors, render, tokenize};
 
@@ -63,8 +65,6 @@ pub struct AppConfig {
     pub compat_metric_names: bool,
     /// Browser origins CORS allows (`--allowed-origins`); empty: no CORS headers.
     pub allowed_origins: Vec<String>,
-    /// `--return-tokens-as-token-ids` (it shapes logprobs' token strings; carried for them).
-    pub return_tokens_as_token_ids: bool,
     /// What `/version` answers.
     pub version: String,
     /// The `cache_config_info` metric's labels (name, value), sorted by name.
@@ -72,6 +72,12 @@ pub struct AppConfig {
     /// The executor runs the cross-decoder only on rows whose logits are needed (YOCO fast prefill);
     /// without it every scheduled token is a cross-decoder row (`yoco:cross_decoder_rows`).
     pub kv_sharing_fast_prefill: bool,
+    /// Largest `logprobs` / `prompt_logprobs` (`--max-logprobs`).
+    pub max_logprobs: u32,
+    /// Logprob tokens as `token_id:N` for every request (`--return-tokens-as-token-ids`).
+    pub return_tokens_as_token_ids: bool,
+    /// Structured outputs: EOS ids, compile budgets, compact JSON (`--structured-outputs-config`).
+    pub structured: StructuredConfig,
 }
 
 /// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
@@ -109,10 +115,12 @@ impl AppConfig {
             sampling_defaults: SamplingDefaults::default(),
             compat_metric_names: false,
             allowed_origins: Vec::new(),
-            return_tokens_as_token_ids: false,
             version: env!("CARGO_PKG_VERSION").to_string(),
             cache_config_info: Vec::new(),
             kv_sharing_fast_prefill: true,
+            max_logprobs: 20,
+            return_tokens_as_token_ids: false,
+            structured: StructuredConfig::default(),
         }
     }
 
@@ -131,6 +139,8 @@ pub(crate) struct AppState {
     pub started_at: u64,
     pub templates: ChatTemplates,
     pub front: FrontMetrics,
+    /// The grammar compiler, built on the first constrained request (`structured.rs`).
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl AppState {
@@ -186,6 +196,7 @@ pub fn try_router(
         cfg,
         engines: engines.into(),
         tok,
+        grammar: OnceLock::new(),
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

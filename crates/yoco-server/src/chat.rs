@@ -4,8 +4,9 @@
 //!
 //! Validation, defaults and errors are the Python server's (`serve/chat.py`): `max_completion_tokens`
 //! wins over `max_tokens`, `add_generation_prompt` defaults to true, `continue_final_message`
-//! excludes it, a request `chat_template` needs `--trust-request-chat-template`, and the fields this
-//! front end does not serve yet are 400s naming them.
+//! excludes it, a request `chat_template` needs `--trust-request-chat-template`, logprobs come in
+//! the chat form (`logprobs` + `top_logprobs`), penalties and structured outputs are the completions
+//! endpoint's, and the fields this front end does not serve yet (tools) are 400s naming them.
 
 use std::sync::Arc;
 
@@ -19,8 +20,10 @@ use crate::app::{parse_json, AppState};
 use crate::chat_answer::{chat_final, chat_stream, ChatCtx};
 use crate::chat_protocol::{template_kwargs, template_messages, ChatCompletionRequest};
 use crate::completions::{now, uuid_like};
+use crate::logprobs_json::TokenText;
 use crate::openai::ApiError;
 use crate::params::GenParams;
+use crate::structured::{compile, constraint_of};
 use crate::template::Conversation;
 use crate::validate::{check_n, encode_rendered, gen_params_for};
 
@@ -59,9 +62,14 @@ pub(crate) async fn chat_inputs(
         req.truncate_prompt_tokens,
     )
     .await?;
-    let view = req.sampling_view();
+    let view = req.sampling_view(s.cfg.max_logprobs)?;
     let stream = req.stream.unwrap_or(false);
-    let params = gen_params_for(s, &view, &ids, stream, "messages")?;
+    let mut params = gen_params_for(s, &view, &ids, stream, "messages")?;
+    let fields = req.constraint_fields();
+    if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
+        // Compiled once (off the loop, under the budget); every choice forks its own matcher.
+        params.grammar = Some(compile(s, c).await?);
+    }
     Ok(ChatInputs { model, params, n })
 }
 
@@ -137,6 +145,12 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         model: inputs.model,
         created: now(),
         prompt_len: inputs.params.prompt.len() as u64,
+        top_logprobs: inputs.params.logprobs.map(|k| k as usize),
+        prompt_logprobs: inputs.params.prompt_logprobs.is_some(),
+        text: TokenText::new(
+            s.clone(),
+            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+        ),
     };
     if inputs.params.stream {
         let opts = req.stream_options.clone().unwrap_or_default();

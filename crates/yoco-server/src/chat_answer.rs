@@ -6,6 +6,8 @@
 //! and `stop_reason` (its `delta` is `{}` when no text is left). With `include_usage` a last chunk
 //! with no choices carries `usage`; `continuous_usage_stats` puts the running usage on every chunk.
 //! Then `data: [DONE]`. An engine failure after the 200 is an error event before `[DONE]`.
+//! With `logprobs`, each chunk with tokens carries their chat-form logprobs; non-streaming, each
+//! choice carries its own and the body the prompt's (`prompt_logprobs`), as the Python server does.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,6 +19,8 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::logprobs::TokenLogprob;
+use crate::logprobs_json::{chat_logprobs, prompt_logprobs_json, TokenText};
 use crate::openai::{usage, ApiError};
 use crate::output::{Event, Finished, StopReason};
 
@@ -26,6 +30,12 @@ pub(crate) struct ChatCtx {
     pub model: String,
     pub created: u64,
     pub prompt_len: u64,
+    /// `Some(top_logprobs)` when the request asked for `logprobs`.
+    pub top_logprobs: Option<usize>,
+    /// The request asked for `prompt_logprobs` (the body carries them, non-streaming).
+    pub prompt_logprobs: bool,
+    /// Token texts for the logprobs.
+    pub text: TokenText,
 }
 
 fn stop_reason(f: &Finished) -> Value {
@@ -45,6 +55,14 @@ fn sse(v: &Value) -> Bytes {
 }
 
 impl ChatCtx {
+    /// The chat-form logprobs of `tokens`, or null when the request did not ask.
+    fn logprobs(&mut self, tokens: &[u32], lps: &[TokenLogprob]) -> Value {
+        match self.top_logprobs {
+            Some(n) => chat_logprobs(&mut self.text, tokens, lps, n),
+            None => Value::Null,
+        }
+    }
+
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
         let mut v = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                            "model": self.model, "choices": choices});
@@ -89,26 +107,40 @@ impl ChatStream {
                                "logprobs": null, "finish_reason": null}]);
             self.pending.push_back(self.ctx.chunk(role, u));
         }
-        let (text, tokens, finish, stop) = match ev {
-            Event::Delta { token_id, text } => {
-                (text, token_id.is_some() as u64, Value::Null, Value::Null)
-            }
+        let (text, ids, lps, finish, stop) = match ev {
+            Event::Delta {
+                token_id,
+                text,
+                logprob,
+                ..
+            } => (
+                text,
+                token_id.into_iter().collect::<Vec<_>>(),
+                logprob.into_iter().collect::<Vec<_>>(),
+                Value::Null,
+                Value::Null,
+            ),
             Event::Finished(f) => {
                 let reason = json!(f.reason.as_str());
                 let stop = stop_reason(&f);
-                (f.text, f.token_ids.len() as u64, reason, stop)
+                (f.text, f.token_ids, f.logprobs, reason, stop)
             }
         };
-        self.generated += tokens;
-        if text.is_empty() && tokens == 0 && finish.is_null() {
+        self.generated += ids.len() as u64;
+        if text.is_empty() && ids.is_empty() && finish.is_null() {
             return;
         }
+        let logprobs = if ids.is_empty() {
+            Value::Null
+        } else {
+            self.ctx.logprobs(&ids, &lps)
+        };
         let delta = if !text.is_empty() || finish.is_null() {
             json!({"content": text})
         } else {
             json!({})
         };
-        let choice = json!([{"index": idx, "delta": delta, "logprobs": null,
+        let choice = json!([{"index": idx, "delta": delta, "logprobs": logprobs,
                              "finish_reason": finish, "stop_reason": stop}]);
         let u = self.running_usage();
         self.pending.push_back(self.ctx.chunk(choice, u));
@@ -210,19 +242,27 @@ pub(crate) async fn chat_final(
         ));
     }
     fins.sort_by_key(|(i, _)| *i);
+    let mut ctx = ctx;
     let mut completion = 0u64;
     let mut cached = 0u64;
-    let choices: Vec<Value> = fins
-        .iter()
-        .map(|(idx, f)| {
-            completion += f.completion_tokens as u64;
-            cached = cached.max(f.cached_tokens as u64);
+    let mut choices = Vec::with_capacity(fins.len());
+    for (idx, f) in &fins {
+        completion += f.completion_tokens as u64;
+        cached = cached.max(f.cached_tokens as u64);
+        let logprobs = ctx.logprobs(&f.token_ids, &f.logprobs);
+        choices.push(
             json!({"index": idx, "message": {"role": "assistant", "content": f.text},
-                   "logprobs": null, "finish_reason": f.reason.as_str(), "stop_reason": stop_reason(f)})
-        })
-        .collect();
-    let body = json!({"id": ctx.id, "object": "chat.completion", "created": ctx.created,
-                      "model": ctx.model, "choices": choices,
-                      "usage": usage(ctx.prompt_len, completion, cached)});
+                            "logprobs": logprobs, "finish_reason": f.reason.as_str(),
+                            "stop_reason": stop_reason(f)}),
+        );
+    }
+    let mut body = json!({"id": ctx.id, "object": "chat.completion", "created": ctx.created,
+                          "model": ctx.model, "choices": choices,
+                          "usage": usage(ctx.prompt_len, completion, cached)});
+    if ctx.prompt_logprobs {
+        // One prompt for every choice: the first that carries them.
+        let plp = fins.iter().find_map(|(_, f)| f.prompt_logprobs.as_ref());
+        body["prompt_logprobs"] = prompt_logprobs_json(&mut ctx.text, plp);
+    }
     Ok(axum::Json(body).into_response())
 }

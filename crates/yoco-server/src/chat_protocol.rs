@@ -11,6 +11,8 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::openai::{ApiError, CompletionRequest, StopInput, StreamOptions};
+use crate::structured::ConstraintFields;
+use crate::validate::logprobs_field;
 
 /// Roles a message may have.
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -109,20 +111,52 @@ pub struct ChatCompletionRequest {
     /// Refused for chat (as the Python server does).
     #[serde(default)]
     pub echo: Option<bool>,
-    /// Chat logprobs (not served by this front end yet).
+    /// Logprobs of each sampled token (chat form: `content` entries).
     #[serde(default)]
     pub logprobs: Option<bool>,
-    /// Chat top logprobs (not served yet).
+    /// With `logprobs`: this many most likely alternatives per token.
     #[serde(default)]
-    pub top_logprobs: Option<Json>,
+    pub top_logprobs: Option<i64>,
+    /// vLLM's: logprobs of each prompt position, with this many alternatives.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM's: logprob tokens as `token_id:N`.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
+    /// OpenAI's presence penalty, [-2, 2].
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// OpenAI's frequency penalty, [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    /// vLLM's repetition penalty (> 0, 1 = off).
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+    /// OpenAI's structured outputs (`text`, `json_object`, `json_schema`).
+    #[serde(default)]
+    pub response_format: Option<Json>,
+    /// vLLM's structured outputs object.
+    #[serde(default)]
+    pub structured_outputs: Option<Json>,
+    /// vLLM's older spellings of a constraint.
+    #[serde(default)]
+    pub guided_json: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_regex: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_choice: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_grammar: Option<Json>,
     /// Every other field, checked by name in [`refused`].
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Json>,
 }
 
-/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`.
-/// Sampling features it does not run yet (the `sampling` work adds logprobs, penalties and
-/// structured outputs), tools (after those), and what the Python server refuses for chat too.
+/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: tools
+/// (not served by this front end yet), and what the Python server refuses for chat too.
 fn is_set(v: &Json) -> bool {
     !v.is_null()
 }
@@ -139,33 +173,7 @@ type Check = fn(&Json) -> bool;
 const NOT_YET: &str = "is not supported by the Rust front end yet; use yoco-serve's default server";
 const NEVER: &str = "is not supported by yoco-serve";
 
-const REFUSED: [(&str, Check, &str); 21] = [
-    ("prompt_logprobs", is_set, NOT_YET),
-    (
-        "presence_penalty",
-        |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()),
-        NOT_YET,
-    ),
-    (
-        "frequency_penalty",
-        |v| v.as_f64().is_some_and(|x| x != 0.0) || (is_set(v) && !v.is_number()),
-        NOT_YET,
-    ),
-    (
-        "repetition_penalty",
-        |v| v.as_f64().is_some_and(|x| x != 1.0) || (is_set(v) && !v.is_number()),
-        NOT_YET,
-    ),
-    (
-        "response_format",
-        |v| is_set(v) && v.get("type").and_then(Json::as_str) != Some("text"),
-        NOT_YET,
-    ),
-    ("structured_outputs", is_set, NOT_YET),
-    ("guided_json", is_set, NOT_YET),
-    ("guided_regex", is_set, NOT_YET),
-    ("guided_choice", is_set, NOT_YET),
-    ("guided_grammar", is_set, NOT_YET),
+const REFUSED: [(&str, Check, &str); 11] = [
     ("tools", is_nonempty, NOT_YET),
     (
         "tool_choice",
@@ -196,13 +204,7 @@ impl ChatCompletionRequest {
                 Some("echo"),
             ));
         }
-        if self.logprobs == Some(true) {
-            return Err(ApiError::bad(
-                format!("logprobs {NOT_YET}"),
-                Some("logprobs"),
-            ));
-        }
-        if self.top_logprobs.as_ref().is_some_and(is_set) {
+        if self.top_logprobs.is_some() && self.logprobs != Some(true) {
             return Err(ApiError::bad(
                 "top_logprobs needs logprobs set to true",
                 Some("top_logprobs"),
@@ -234,9 +236,21 @@ impl ChatCompletionRequest {
     }
 
     /// The sampling fields as the completions validator reads them (`max_completion_tokens` wins
-    /// over `max_tokens`).
-    pub(crate) fn sampling_view(&self) -> CompletionRequest {
-        CompletionRequest {
+    /// over `max_tokens`; `logprobs` + `top_logprobs` become the completions `logprobs` count,
+    /// checked against `max_logprobs` under the name `top_logprobs`).
+    pub(crate) fn sampling_view(&self, max_logprobs: u32) -> Result<CompletionRequest, ApiError> {
+        let logprobs = match self.logprobs {
+            Some(true) => Some(
+                logprobs_field(
+                    "top_logprobs",
+                    Some(self.top_logprobs.unwrap_or(0)),
+                    max_logprobs,
+                )?
+                .unwrap_or(0) as i64,
+            ),
+            _ => None,
+        };
+        Ok(CompletionRequest {
             model: None,
             prompt: None,
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
@@ -257,16 +271,33 @@ impl ChatCompletionRequest {
             cache_salt: self.cache_salt.clone(),
             priority: self.priority,
             echo: None,
-            logprobs: None,
-            prompt_logprobs: None,
+            logprobs,
+            prompt_logprobs: self.prompt_logprobs,
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
             best_of: None,
             suffix: None,
             logit_bias: None,
-            presence_penalty: None,
-            frequency_penalty: None,
-            repetition_penalty: None,
-            response_format: None,
-            structured_outputs: None,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            response_format: self.response_format.clone(),
+            structured_outputs: self.structured_outputs.clone(),
+            guided_json: self.guided_json.clone(),
+            guided_regex: self.guided_regex.clone(),
+            guided_choice: self.guided_choice.clone(),
+            guided_grammar: self.guided_grammar.clone(),
+        })
+    }
+
+    /// The constraint fields, as [`crate::structured::constraint_of`] reads them.
+    pub(crate) fn constraint_fields(&self) -> ConstraintFields<'_> {
+        ConstraintFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
         }
     }
 }

@@ -35,8 +35,11 @@ mod cors;
 pub mod dispatch;
 pub mod executor;
 mod front_metrics;
+mod grammar_rows;
 pub mod handle;
 pub mod hist;
+mod logprobs;
+mod logprobs_json;
 mod metrics;
 pub mod openai;
 pub mod output;
@@ -45,14 +48,18 @@ mod pyjson;
 mod render;
 pub mod stats;
 pub mod step_loop;
+mod structured;
 pub mod template;
 mod tokenize;
 mod validate;
 
-pub use app::{router, serve_router, try_router, AppConfig, SamplingDefaults};
+pub use app::{router, serve_router, try_router, AppConfig, SamplingDefaults, StructuredConfig};
 pub use dispatch::Engines;
-pub use executor::{ExecError, Executor, MockModel, StepInputs};
+pub use executor::{
+    ExecError, Executor, GrammarMasks, LogprobTable, MaskRows, MockModel, PromptScoring,
+    StepInputs, StepOutput,
+};
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
-pub use output::{Event, FinishReason};
+pub use output::{Event, FinishReason, PromptLogprobs, TokenLogprob};
 pub use params::GenParams;
 pub use template::{load_checkpoint_template, SpecialTokens};

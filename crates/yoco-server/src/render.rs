@@ -105,7 +105,7 @@ pub(crate) async fn chat(
         let req: ChatCompletionRequest = parse_json(body)?;
         let inputs = chat_inputs(&s, &req).await?;
         let rid = format!("chatcmpl-{}", uuid_like());
-        let view = req.sampling_view();
+        let view = req.sampling_view(s.cfg.max_logprobs)?;
         let out = generate_request(&s, rid, &inputs.params, &view, inputs.n, &inputs.model);
         Ok::<_, ApiError>(Json(out).into_response())
     };

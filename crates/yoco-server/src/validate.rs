@@ -1,5 +1,6 @@
 //! Validation of a `/v1/completions` request: prompts (tokenized, `<bos>` as the checkpoint wants),
-//! lengths against the context, sampling fields, and the fields this front end does not serve yet.
+//! lengths against the context, sampling fields (logprobs and penalties included), and the fields this
+//! front end does not serve yet.
 //! Every refusal is a 400 naming the field, with vLLM's wording where vLLM has one.
 
 use std::sync::Arc;
@@ -21,15 +22,7 @@ pub(crate) struct Prompt {
 }
 
 pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
-    let fields: [(&str, bool); 10] = [
-        (
-            "logprobs",
-            req.logprobs.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-        (
-            "prompt_logprobs",
-            req.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()),
-        ),
+    let fields: [(&str, bool); 3] = [
         (
             "best_of",
             req.best_of
@@ -41,28 +34,6 @@ pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
             "logit_bias",
             req.logit_bias.as_ref().is_some_and(|v| !v.is_null()),
         ),
-        (
-            "presence_penalty",
-            req.presence_penalty.is_some_and(|v| v != 0.0),
-        ),
-        (
-            "frequency_penalty",
-            req.frequency_penalty.is_some_and(|v| v != 0.0),
-        ),
-        (
-            "repetition_penalty",
-            req.repetition_penalty.is_some_and(|v| v != 1.0),
-        ),
-        (
-            "response_format",
-            req.response_format.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-        (
-            "structured_outputs",
-            req.structured_outputs
-                .as_ref()
-                .is_some_and(|v| !v.is_null()),
-        ),
     ];
     for (name, set) in fields {
         if set {
@@ -73,6 +44,26 @@ pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// `logprobs` / `prompt_logprobs`: an integer in `[0, max_logprobs]` (the Python server's wording).
+pub(crate) fn logprobs_field(
+    name: &str,
+    v: Option<i64>,
+    max: u32,
+) -> Result<Option<u32>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(k) if k > max as i64 => Err(ApiError::bad(
+            format!("{name} must be <= max_logprobs ({max}; the server's --max-logprobs), got {k}"),
+            Some(name),
+        )),
+        Some(k) if k < 0 => Err(ApiError::bad(
+            format!("{name} must be an integer >= 0 or None, got {k}"),
+            Some(name),
+        )),
+        Some(k) => Ok(Some(k as u32)),
+    }
 }
 
 pub(crate) async fn prompts(
@@ -327,6 +318,28 @@ pub(crate) fn gen_params_for(
             Some("stop_token_ids"),
         ));
     }
+    let logprobs = logprobs_field("logprobs", r.logprobs, s.cfg.max_logprobs)?;
+    let mut prompt_logprobs =
+        logprobs_field("prompt_logprobs", r.prompt_logprobs, s.cfg.max_logprobs)?;
+    // Echo with logprobs shows the prompt's tokens with theirs (at least `logprobs` alternatives).
+    if let (true, Some(k)) = (r.echo.unwrap_or(false), logprobs) {
+        prompt_logprobs = Some(prompt_logprobs.map_or(k, |p| p.max(k)));
+    }
+    let presence_penalty = finite_in("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?;
+    let frequency_penalty = finite_in("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?;
+    let repetition_penalty = match r.repetition_penalty {
+        None => 1.0,
+        // Outside f32's range: clamp rather than round to 0 or inf (a divisor).
+        Some(x) if x.is_finite() && x > 0.0 => {
+            x.clamp(f32::MIN_POSITIVE as f64, f32::MAX as f64) as f32
+        }
+        Some(x) => {
+            return Err(ApiError::bad(
+                format!("repetition_penalty must be > 0 (1 disables), got {x}"),
+                Some("repetition_penalty"),
+            ))
+        }
+    };
     let priority = match r.priority {
         None => 0,
         Some(0) => 0,
@@ -356,7 +369,13 @@ pub(crate) fn gen_params_for(
             top_k,
             min_p,
             seed: r.seed.map(|x| x as u64),
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
         },
+        logprobs,
+        prompt_logprobs,
+        grammar: None,
     })
 }
 

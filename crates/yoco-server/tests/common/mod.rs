@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use yoco_core::kv::LayerKind;
 use yoco_core::sched::SchedulerConfig;
+use yoco_grammar::CompileLimits;
 use yoco_server::{AppConfig, EngineHandle, Engines, LoopConfig, MockModel};
 use yoco_text::Tokenizer;
 
@@ -75,6 +76,12 @@ pub struct Opts {
     pub chat_template: Option<String>,
     /// Edits the rest of the front end's configuration.
     pub cfg: Option<fn(&mut AppConfig)>,
+    /// The scheduler's token budget per step (chunked prefill below it).
+    pub batched_tokens: u32,
+    /// Grammar compile budgets (default: the server's).
+    pub grammar_limits: Option<CompileLimits>,
+    /// JSON constraints without optional whitespace by default (`disable_any_whitespace`).
+    pub compact_json: bool,
 }
 
 impl Default for Opts {
@@ -93,6 +100,9 @@ impl Default for Opts {
             trust_templates: false,
             chat_template: None,
             cfg: None,
+            batched_tokens: 1024,
+            grammar_limits: None,
+            compact_json: false,
         }
     }
 }
@@ -109,7 +119,7 @@ impl TestServer {
         let mut sc = SchedulerConfig::new(layers, 16, o.num_blocks).unwrap();
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
-        sc.max_num_batched_tokens = 1024;
+        sc.max_num_batched_tokens = o.batched_tokens;
         let mut first = o.exec;
         let loops: Vec<EngineHandle> = (0..o.loops.max(1))
             .map(|i| {
@@ -138,6 +148,11 @@ impl TestServer {
         cfg.chat_template = o.chat_template.or(template);
         cfg.special_tokens = tokens;
         cfg.trust_request_chat_template = o.trust_templates;
+        cfg.structured.eos_token_ids = vec![1];
+        cfg.structured.disable_any_whitespace = o.compact_json;
+        if let Some(l) = o.grammar_limits {
+            cfg.structured.limits = l;
+        }
         if let Some(f) = o.cfg {
             f(&mut cfg);
         }
