@@ -6,7 +6,9 @@
 //! ```
 //!
 //! In async mode, when nothing could be planned ahead (the requests in flight are all finishing),
-//! the next iteration falls back to the synchronous order for one step: apply, then plan.
+//! the next iteration falls back to the synchronous order for one step: apply, then plan. It also
+//! does not plan ahead while a constrained sequence (structured outputs) is live: the next step's
+//! masks need this step's tokens on the host (`step_loop.rs`).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -58,7 +60,7 @@ impl StepLoop {
         self.reap_closed();
         shutdown |= self.drain_commands();
         self.apply_aborts();
-        if self.ahead && self.in_flight.is_some() {
+        if self.ahead && self.in_flight.is_some() && !self.grammar.any_constrained() {
             self.planned = self.plan(true);
         }
 
@@ -96,6 +98,7 @@ impl StepLoop {
             if let Some(l) = self.live.get_mut(&id) {
                 if !l.admitted {
                     l.admitted = true;
+                    self.stats.observe_admitted(&mut l.times, t0);
                     l.cached = plan.admitted_num_cached[k].max(0) as u32;
                 } else {
                     resumed.push((
@@ -108,49 +111,82 @@ impl StepLoop {
                 }
             }
         }
+        self.stats.observe_plan(plan.num_tokens, plan.num_cross);
         let plan = Arc::new(plan);
         let ngroups = self.sched.num_groups();
         let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
+        // Grammar masks start on the pool now and run while the forward does (never for a plan
+        // made ahead: `cycle` does not plan ahead while a constrained sequence is live).
+        let masks = self.grammar.start(&plan);
+        let prompt_scoring = self.lps.plan(&plan);
         let launched = self.exec.launch(&StepInputs {
             plan: &plan,
             tables: &tables,
             max_blocks_per_seq: self.sched.max_blocks_per_seq(),
             resumed: &resumed,
+            masks,
+            prompt_scoring,
         });
         self.in_flight = Some(InFlight { plan, launched });
     }
 
-    /// Waits for the step in flight; its sampled ids go to `self.sampled`, checked against the
-    /// plan before anything else reads them (the next launch fills placeholders from them).
+    /// Waits for the step in flight; what it produced goes to `self.out`, checked against the plan
+    /// before anything else reads it (the next launch fills placeholders from the sampled ids). The
+    /// step's grammar job is collected and its prompt logprobs filed here, before the next launch
+    /// starts the next job and lists the next positions to score.
     pub(crate) fn collect(&mut self, f: InFlight) -> Collected {
         let num_samples = f.plan.num_samples();
-        let error = match f.launched {
+        let result = f.launched.and_then(|()| {
+            let out = &mut self.out;
+            self.exec.collect().map(|o| out.clone_from(o))
+        });
+        self.grammar.finish();
+        let error = match result {
             Err(e) => Some(e.0),
-            Ok(()) => match self.exec.collect() {
-                Err(e) => Some(e.0),
-                Ok(s) if s.len() != num_samples => Some(format!(
-                    "executor returned {} sampled ids for {} sampling rows",
-                    s.len(),
-                    num_samples
-                )),
-                Ok(s) => match s.iter().position(|&t| t < 0) {
-                    Some(i) => Some(format!(
-                        "bad sampled ids: sampled[{i}] = {} is not a token id",
-                        s[i]
-                    )),
-                    None => {
-                        self.sampled.clear();
-                        self.sampled.extend_from_slice(s);
-                        None
-                    }
-                },
-            },
+            Ok(()) => self.check_output(num_samples).err(),
         };
+        match &error {
+            None => {
+                self.sample_ids.clear();
+                self.sample_ids.extend(
+                    f.plan
+                        .sample_rows
+                        .iter()
+                        .map(|&r| f.plan.req_ids[r as usize]),
+                );
+                for (id, plp) in self.lps.take_prompt(&self.out) {
+                    if let Some(l) = self.live.get_mut(&id) {
+                        l.prompt_logprobs = Some(plp);
+                    }
+                }
+            }
+            Some(_) => self.out.clear(),
+        }
         // The executor let go of the plan (or keeps its own clone): give the buffers back.
         if let Ok(plan) = Arc::try_unwrap(f.plan) {
             self.sched.recycle_plan(plan);
         }
         self.stats.steps.fetch_add(1, Relaxed);
         Collected { num_samples, error }
+    }
+
+    /// Whether the executor's output fits the step: one valid token id per sampling row, logprob
+    /// tables of the sizes asked.
+    fn check_output(&mut self, num_samples: usize) -> Result<(), String> {
+        let s = &self.out.sampled;
+        if s.len() != num_samples {
+            return Err(format!(
+                "executor returned {} sampled ids for {} sampling rows",
+                s.len(),
+                num_samples
+            ));
+        }
+        if let Some(i) = s.iter().position(|&t| t < 0) {
+            return Err(format!(
+                "bad sampled ids: sampled[{i}] = {} is not a token id",
+                s[i]
+            ));
+        }
+        self.lps.check(&self.out, num_samples)
     }
 }

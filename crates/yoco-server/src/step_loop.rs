@@ -3,17 +3,27 @@
 //!
 //! Async scheduling (the default, vLLM's `--async-scheduling`), one iteration while step N runs:
 //!
-//! 1. `launch(plan N)`: the device starts (N was planned during N−1's forward).
-//! 2. In the forward's shadow: `update(N−1)`, detokenization and stop strings (`yoco-text`), the
-//!    events of N−1 delivered to the requests' channels; new submissions and aborts taken; closed
-//!    channels reaped.
+//! 1. `launch(plan N)`: the device starts (N was planned during N−1's forward). The grammar job of
+//!    plan N starts on the grammar pool (`GrammarRows::start`; the executor waits for the masks
+//!    after its forward) and the prompt positions to score are listed (`LogprobRows::plan`).
+//! 2. In the forward's shadow: `update(N−1)`, the accepted tokens recorded for the next grammar job
+//!    (`GrammarRows::record`), detokenization and stop strings (`yoco-text`), sampled-token
+//!    logprobs routed (`LogprobRows::sampled`), the events of N−1 delivered to the requests'
+//!    channels; new submissions and aborts taken; closed channels reaped.
 //! 3. `schedule_ahead()` → plan N+1, its decodes on placeholders for N's tokens.
-//! 4. `collect(N)`.
+//! 4. `collect(N)` → sampled ids and logprobs; the grammar job is collected
+//!    (`GrammarRows::finish`) and the prompt logprobs filed (`LogprobRows::take_prompt`).
 //!
 //! So between two forwards the device waits only for `collect` to return and `launch` to start: no
 //! `update`, text or `schedule`. A stop string then ends its request one step late (its extra row is
 //! computed and discarded, as in vLLM). Synchronous mode (`async_scheduling: false`) keeps the old
 //! order: `update(N)`, text and `schedule(N+1)` between `collect(N)` and `launch(N+1)`.
+//!
+//! Structured outputs: while any constrained sequence is live the loop does not plan ahead (step
+//! 3 is skipped, so each step runs in the synchronous order): the mask of a constrained row at
+//! step N+1 comes from its matcher advanced by its step-N token, which the host has only after
+//! `collect(N)` and `update(N)`. Unconstrained requests served alongside lose the overlap for
+//! those steps, not correctness.
 //!
 //! Files: this one (state, commands, request lifecycle), `step_cycle.rs` (the order of one
 //! iteration, launch and collect), `step_outputs.rs` (update, text and events of a collected step,
@@ -33,11 +43,13 @@ use yoco_core::sched::{NewRequest, Scheduler, StepPlan};
 use yoco_text::{SeqOptions, TextBatch};
 
 use crate::delivery::RuntimeDelivery;
-use crate::executor::{ExecError, Executor};
+use crate::executor::{ExecError, Executor, StepOutput};
+use crate::grammar_rows::GrammarRows;
 use crate::handle::LoopConfig;
+use crate::logprobs::{LogprobRows, PromptLogprobs, TokenLogprob};
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
-use crate::stats::Stats;
+use crate::stats::{RequestTimes, Stats};
 
 /// What handles send the loop.
 pub(crate) enum Command {
@@ -60,6 +72,11 @@ pub(crate) struct Live {
     pub cached: u32,
     pub admitted: bool,
     pub stop: Vec<String>,
+    pub times: RequestTimes,
+    /// Sampled-token logprobs not yet delivered (non-streaming requests that asked).
+    pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's logprobs once complete, until an event carries them.
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// A step launched and not yet collected.
@@ -69,11 +86,12 @@ pub(crate) struct InFlight {
     pub launched: Result<(), ExecError>,
 }
 
-/// A step collected and not yet applied: its sampled ids are in `StepLoop::sampled`.
+/// A step collected and not yet applied: what the executor returned is in `StepLoop::out`, the
+/// requests of its sampling rows (in order) in `StepLoop::sample_ids`.
 pub(crate) struct Collected {
     /// Sampling rows of its plan.
     pub num_samples: usize,
-    /// Why the step failed (launch, collect, or sampled ids that do not fit the plan).
+    /// Why the step failed (launch, collect, or outputs that do not fit the plan).
     pub error: Option<String>,
 }
 
@@ -98,8 +116,15 @@ pub(crate) struct StepLoop {
     pub(crate) planned: Option<StepPlan>,
     pub(crate) in_flight: Option<InFlight>,
     pub(crate) collected: Option<Collected>,
-    /// The sampled ids of `collected` (reused buffer).
-    pub(crate) sampled: Vec<i32>,
+    /// What the executor returned for `collected` (reused buffers).
+    pub(crate) out: StepOutput,
+    /// The request of each sampling row of `collected`, in order (the outcome's rows are a
+    /// subsequence of them: rows of requests gone since the plan are dropped).
+    pub(crate) sample_ids: Vec<u64>,
+    /// Matchers and masks of constrained sequences (structured outputs).
+    pub(crate) grammar: GrammarRows,
+    /// Who asked for logprobs; each step's prompt positions to score.
+    pub(crate) lps: LogprobRows,
     pub(crate) last_step: Option<Instant>,
     /// When the last `collect` returned (for the gap trace).
     pub(crate) collected_at: Option<Instant>,
@@ -116,6 +141,8 @@ impl StepLoop {
         delivery: Option<tokio::runtime::Handle>,
     ) -> Result<Self, String> {
         Ok(StepLoop {
+            grammar: GrammarRows::new(&config.eos_token_ids),
+            lps: LogprobRows::default(),
             sched: Scheduler::new(config.scheduler).map_err(|e| e.to_string())?,
             text: TextBatch::new(config.tokenizer),
             exec,
@@ -131,7 +158,8 @@ impl StepLoop {
             planned: None,
             in_flight: None,
             collected: None,
-            sampled: Vec::new(),
+            out: StepOutput::default(),
+            sample_ids: Vec::new(),
             last_step: None,
             collected_at: None,
             delivery: delivery.as_ref().map(RuntimeDelivery::spawn),
@@ -220,7 +248,7 @@ impl StepLoop {
         false
     }
 
-    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, _arrival: Instant) {
+    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, arrival: Instant) {
         let opts = SeqOptions {
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str,
@@ -242,7 +270,7 @@ impl StepLoop {
                 cache_salt: p.cache_salt.clone(),
                 lora: None,
             },
-            prompt_logprobs: false,
+            prompt_logprobs: p.prompt_logprobs.is_some(),
             after: None,
         };
         // The front end validated the request against the same limits; a refusal here is a bug
@@ -254,7 +282,14 @@ impl StepLoop {
                     self.sched.abort(id);
                     Some(e.to_string())
                 }
-                Ok(()) => None,
+                Ok(()) => match p.grammar.as_ref().map(|g| self.grammar.add(id, g)) {
+                    Some(Err(e)) => {
+                        self.sched.abort(id);
+                        self.text.remove(id);
+                        Some(e)
+                    }
+                    _ => None,
+                },
             },
         };
         if let Some(msg) = refused {
@@ -263,6 +298,8 @@ impl StepLoop {
                 stop_reason: None,
                 text: String::new(),
                 token_ids: Vec::new(),
+                logprobs: Vec::new(),
+                prompt_logprobs: None,
                 prompt_tokens,
                 completion_tokens: 0,
                 cached_tokens: 0,
@@ -270,6 +307,7 @@ impl StepLoop {
             }));
             return;
         }
+        let prompt_logprobs = self.lps.add(id, &p);
         self.exec.add_request(id, &p);
         self.live.insert(
             id,
@@ -281,6 +319,9 @@ impl StepLoop {
                 cached: 0,
                 admitted: false,
                 stop: p.stop,
+                times: RequestTimes::new(arrival),
+                logprobs: Vec::new(),
+                prompt_logprobs,
             },
         );
         self.stats
@@ -290,23 +331,25 @@ impl StepLoop {
 
     /// Ends a live request: frees its text and executor state and queues its `Finished` event.
     /// The core has already finished or aborted it.
-    /// `tail`: a streaming request's last delta (text, token ids).
+    /// `tail`: a streaming request's last delta (text, token ids, their logprobs).
     pub(crate) fn end(
         &mut self,
         id: u64,
         reason: FinishReason,
         stop_reason: Option<StopReason>,
         error: Option<String>,
-        tail: Option<(String, Vec<u32>)>,
+        tail: Option<(String, Vec<u32>, Vec<TokenLogprob>)>,
     ) {
-        let Some(l) = self.live.remove(&id) else {
+        let Some(mut l) = self.live.remove(&id) else {
             return;
         };
-        let (text, token_ids) = match self.text.take(id) {
-            Some((t, ids)) if !l.stream => (t, ids),
+        let (text, token_ids, logprobs) = match self.text.take(id) {
+            Some((t, ids)) if !l.stream => (t, ids, std::mem::take(&mut l.logprobs)),
             _ => tail.unwrap_or_default(),
         };
         self.text.remove(id);
+        self.grammar.remove(id);
+        self.lps.remove(id);
         self.exec.remove_request(id);
         let i = match reason {
             FinishReason::Stop => 0,
@@ -314,6 +357,8 @@ impl StepLoop {
             FinishReason::Abort => 2,
         };
         self.stats.finished[i].fetch_add(1, Relaxed);
+        self.stats
+            .observe_end(&l.times, Instant::now(), l.prompt_tokens, l.generated);
         self.outbox.push((
             id,
             Event::Finished(Finished {
@@ -321,6 +366,8 @@ impl StepLoop {
                 stop_reason,
                 text,
                 token_ids,
+                logprobs,
+                prompt_logprobs: l.prompt_logprobs.take(),
                 prompt_tokens: l.prompt_tokens,
                 completion_tokens: l.generated,
                 cached_tokens: l.cached,
@@ -355,5 +402,6 @@ impl StepLoop {
             .store(kv.prefix_query_tokens, Relaxed);
         self.stats.prefix_hits.store(kv.prefix_hit_tokens, Relaxed);
         self.stats.preemptions.store(s.num_preemptions, Relaxed);
+        self.stats.publish_kv(kv);
     }
 }

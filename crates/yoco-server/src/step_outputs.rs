@@ -6,6 +6,7 @@
 //! and nothing of it is emitted.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use yoco_core::sched::{FinishReason as CoreFinish, StepOutcome, NOT_FINISHED};
 
@@ -20,13 +21,14 @@ impl StepLoop {
             return;
         }
         self.failures = 0;
-        if let Err(e) = self.sched.update(&self.sampled) {
+        if let Err(e) = self.sched.update(&self.out.sampled) {
             // Ids checked at collect: only a bug gets here; contained like a failed forward.
             let msg = format!("bad sampled ids: {e}");
             self.fail_oldest_step(c.num_samples, &msg);
             return;
         }
         let outcome = self.sched.take_outcome();
+        self.grammar.record(&outcome);
         self.emit(&outcome);
         self.sched.recycle_outcome(outcome);
     }
@@ -50,8 +52,22 @@ impl StepLoop {
         // Stop strings (in `stop_idx` order, ascending): the core finishes those requests now.
         let mut si = 0;
         let mut di = 0;
+        // The outcome's rows are a subsequence of the step's sampling rows (`sample_ids`): `s`
+        // walks them to find each row's logprobs.
+        let mut s = 0;
+        let want_lps = !self.out.sample_lp_rows.is_empty();
+        let grammar_failed = self.grammar.any_failed();
+        let now = Instant::now();
         for (k, &id) in o.req_ids.iter().enumerate() {
             let mut fin = o.finish_reasons[k];
+            if grammar_failed && self.grammar.failed(id) {
+                // A grammar that failed (a token it rejects, or a mask over llguidance's budget)
+                // ends its sequence as an abort: the output is a prefix, not a valid document.
+                if fin == NOT_FINISHED {
+                    self.sched.finish(id, CoreFinish::Abort);
+                }
+                fin = CoreFinish::Abort as u8;
+            }
             let mut stop_which = None;
             if si < step.stop_idx.len() && step.stop_idx[si] as usize == k {
                 if fin == NOT_FINISHED {
@@ -73,8 +89,23 @@ impl StepLoop {
             let tok = o.new_tokens[k];
             if tok >= 0 {
                 l.generated += 1;
+                self.stats.observe_token(&mut l.times, now);
             }
             let token_id = (tok >= 0).then_some(tok as u32);
+            let logprob = match token_id {
+                Some(t) if want_lps => {
+                    while s < self.sample_ids.len() && self.sample_ids[s] != id {
+                        s += 1;
+                    }
+                    let lp = self.lps.sampled(&self.out, s, id, t);
+                    s += 1;
+                    lp
+                }
+                _ => None,
+            };
+            if !l.stream {
+                l.logprobs.extend(logprob.clone());
+            }
             if fin == NOT_FINISHED {
                 if l.stream {
                     self.outbox.push((
@@ -82,6 +113,8 @@ impl StepLoop {
                         Event::Delta {
                             token_id,
                             text: delta,
+                            logprob,
+                            prompt_logprobs: l.prompt_logprobs.take(),
                         },
                         None,
                     ));
@@ -96,7 +129,13 @@ impl StepLoop {
                 _ => None,
             };
             // A streaming request's last delta rides on its `Finished` (one chunk, as vLLM).
-            let tail = l.stream.then(|| (delta, token_id.into_iter().collect()));
+            let tail = l.stream.then(|| {
+                (
+                    delta,
+                    token_id.into_iter().collect(),
+                    logprob.into_iter().collect(),
+                )
+            });
             self.end(id, FinishReason::from_core(fin), stop_reason, None, tail);
         }
         self.text.recycle_step(step);
@@ -119,9 +158,9 @@ impl StepLoop {
             self.sched.abort(id);
         }
         // Rows of aborted requests are skipped; the ids only need to be valid.
-        self.sampled.clear();
-        self.sampled.resize(num_samples, 0);
-        let _ = self.sched.update(&self.sampled);
+        self.out.clear();
+        self.out.sampled.resize(num_samples, 0);
+        let _ = self.sched.update(&self.out.sampled);
         for id in ids {
             self.end(
                 id,

@@ -17,9 +17,14 @@ use yoco_server::MockModel;
 type Trace = Arc<Mutex<Vec<(Vec<u64>, usize)>>>;
 
 fn spied(trace: &Trace) -> MockModel {
+    spied_with(trace, Duration::ZERO)
+}
+
+/// `spied` with a modelled forward of `forward` (so concurrent requests share steps).
+fn spied_with(trace: &Trace, forward: Duration) -> MockModel {
     let vocab = common::tokenizer().get_vocab_size(true) as u32;
     let t = trace.clone();
-    MockModel::new(vocab, 16, Duration::ZERO).failing_when(move |p| {
+    MockModel::new(vocab, 16, forward).failing_when(move |p| {
         t.lock()
             .unwrap()
             .push((p.req_ids.clone(), p.num_placeholders()));
@@ -30,8 +35,12 @@ fn spied(trace: &Trace) -> MockModel {
 /// The synchronous server also delivers its events from the loop thread (the other delivery
 /// path), so the comparisons cover both.
 fn server(async_scheduling: bool, trace: &Trace) -> TestServer {
+    server_with(async_scheduling, trace, Duration::ZERO)
+}
+
+fn server_with(async_scheduling: bool, trace: &Trace, forward: Duration) -> TestServer {
     TestServer::start(Opts {
-        exec: Some(spied(trace)),
+        exec: Some(spied_with(trace, forward)),
         async_scheduling,
         direct_delivery: !async_scheduling,
         ..Default::default()
@@ -228,4 +237,176 @@ fn a_prefix_longer_than_the_sliding_window_is_cached_as_in_synchronous_mode() {
         "synchronous: the shared prefix is served from the cache"
     );
     assert_eq!(ca, cs, "async scheduling caches the same prefix");
+}
+
+/// `[a-z]{2,5}-[0-9]{2}`, checked independently of the grammar.
+fn valid_code(t: &str) -> bool {
+    t.split_once('-').is_some_and(|(a, b)| {
+        (2..=5).contains(&a.len())
+            && a.bytes().all(|c| c.is_ascii_lowercase())
+            && b.len() == 2
+            && b.bytes().all(|c| c.is_ascii_digit())
+    })
+}
+
+/// Posts every body at once (threads), in order of the bodies; the raw bodies back.
+fn post_all(srv: &TestServer, bodies: &[String]) -> Vec<(u16, String)> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = bodies
+            .iter()
+            .map(|b| sc.spawn(move || srv.post("/v1/completions", b)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A non-streamed answer, or a stream's chunks, without ids and timestamps.
+fn comparable(body: &str) -> Value {
+    match serde_json::from_str::<Value>(body) {
+        Ok(v) => answer(&v),
+        Err(_) => sse_events(body)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"].clone())
+            .collect(),
+    }
+}
+
+#[test]
+fn structured_outputs_under_async_scheduling_are_valid_and_token_identical_to_synchronous() {
+    // A mask for step N+1 needs the token of step N: while a constrained sequence is live the loop
+    // plans no step ahead. The mock picks an allowed token where the mask forbids its own, so a
+    // mask computed from a matcher one token behind would change (and break) the output.
+    let (ta, ts) = (Trace::default(), Trace::default());
+    let ms2 = Duration::from_millis(2);
+    let (a, s) = (server_with(true, &ta, ms2), server_with(false, &ts, ms2));
+    let code = json!({"regex": "[a-z]{2,5}-[0-9]{2}"});
+    let constrained = [
+        json!({"prompt": "code:", "max_tokens": 24, "n": 2, "structured_outputs": code,
+               "return_tokens_as_token_ids": true, "logprobs": 1}),
+        json!({"prompt": "another code:", "max_tokens": 24, "stream": true,
+               "structured_outputs": code}),
+        json!({"prompt": ["pick", "pick one"], "max_tokens": 8,
+               "structured_outputs": {"choice": ["north", "south", "east"]}}),
+    ];
+    let bodies: Vec<String> = constrained.iter().map(Value::to_string).collect();
+    // Constrained requests alone, then batched with unconstrained ones (one streamed) that keep
+    // running after the constrained ones end.
+    let mut mixed = bodies.clone();
+    mixed.push(
+        json!({"prompt": "free text", "max_tokens": 40, "ignore_eos": true,
+               "return_tokens_as_token_ids": true, "logprobs": 2})
+        .to_string(),
+    );
+    mixed.push(
+        json!({"prompt": "free stream", "max_tokens": 40, "ignore_eos": true, "stream": true})
+            .to_string(),
+    );
+    for (round, set) in [&bodies, &mixed].into_iter().enumerate() {
+        ta.lock().unwrap().clear();
+        let (oa, os) = (post_all(&a, set), post_all(&s, set));
+        for (i, ((sa, ba), (ss, bs))) in oa.iter().zip(&os).enumerate() {
+            assert_eq!((*sa, *ss), (200, 200), "{ba} {bs}");
+            assert_eq!(comparable(ba), comparable(bs), "round {round}, body {i}");
+        }
+        for (i, (_, body)) in oa.iter().enumerate().take(constrained.len()) {
+            let texts: Vec<String> = match serde_json::from_str::<Value>(body) {
+                Ok(v) => v["choices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| c["text"].as_str().unwrap().to_string())
+                    .collect(),
+                Err(_) => vec![sse_events(body)
+                    .iter()
+                    .filter(|e| *e != "[DONE]")
+                    .map(|e| {
+                        serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect()],
+            };
+            for t in texts {
+                let ok = if i == 2 {
+                    ["north", "south", "east"].contains(&t.as_str())
+                } else {
+                    valid_code(&t)
+                };
+                assert!(ok, "round {round}, body {i}: {t:?}");
+            }
+        }
+        let trace = ta.lock().unwrap();
+        if round == 0 {
+            assert!(
+                trace.iter().all(|&(_, ph)| ph == 0),
+                "no step is planned ahead while constrained sequences are live"
+            );
+        } else {
+            assert!(
+                trace.iter().any(|&(_, ph)| ph > 0),
+                "async planning resumes once the constrained sequences have ended"
+            );
+        }
+    }
+    assert_eq!(a.metric("yoco:num_requests_running"), 0.0);
+    assert_eq!(a.metric("yoco:kv_cache_usage_perc"), 0.0, "no block leaked");
+}
+
+#[test]
+fn logprobs_stay_with_their_requests_when_a_batched_request_s_extra_row_is_discarded() {
+    // In async mode a request matching a stop string at step k was already planned for k+1; that
+    // row is dropped from k+1's outcome, so the outcome's rows are no longer the sampling rows
+    // one for one. The other requests' logprobs of step k+1 must still reach them.
+    let (ta, ts) = (Trace::default(), Trace::default());
+    let ms2 = Duration::from_millis(2);
+    let (a, s) = (server_with(true, &ta, ms2), server_with(false, &ts, ms2));
+    let probe = json!({"prompt": "stop here", "max_tokens": 16, "stream": true}).to_string();
+    let (_, ev) = s.post("/v1/completions", &probe);
+    let deltas: Vec<String> = sse_events(&ev)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    let stop = (4..deltas.len())
+        .find(|&k| !deltas[k].trim().is_empty() && !deltas[..k].concat().contains(&deltas[k]))
+        .map(|k| deltas[k].clone())
+        .expect("a token whose text did not occur before");
+    let bodies = vec![
+        json!({"prompt": "stop here", "max_tokens": 16, "stop": [stop]}).to_string(),
+        json!({"prompt": "keep going", "max_tokens": 24, "ignore_eos": true, "logprobs": 1,
+               "return_tokens_as_token_ids": true})
+        .to_string(),
+        json!({"prompt": "keep streaming", "max_tokens": 24, "ignore_eos": true, "logprobs": 0,
+               "stream": true})
+        .to_string(),
+    ];
+    let (oa, os) = (post_all(&a, &bodies), post_all(&s, &bodies));
+    for (i, ((sa, ba), (ss, bs))) in oa.iter().zip(&os).enumerate() {
+        assert_eq!((*sa, *ss), (200, 200), "{ba} {bs}");
+        assert_eq!(comparable(ba), comparable(bs), "body {i}");
+    }
+    let v: Value = serde_json::from_str(&oa[0].1).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let v: Value = serde_json::from_str(&oa[1].1).unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 24, "{lp}");
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 24);
+    let streamed: usize = sse_events(&oa[2].1)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            let c: Value = serde_json::from_str(e).unwrap();
+            c["choices"][0]["logprobs"]["tokens"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .sum();
+    assert_eq!(streamed, 24, "every streamed token has its logprob");
 }

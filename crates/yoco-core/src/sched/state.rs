@@ -13,6 +13,7 @@
 
 use smallvec::SmallVec;
 
+use super::encoder_budget::MmRanges;
 use super::plan::FinishReason;
 use super::request::NewRequest;
 use crate::kv::SeqKv;
@@ -104,10 +105,12 @@ pub(super) struct Req {
     /// The sample index (`logits_indices` order) of this request's latest sample, in the latest plan
     /// that sampled it: where the executor finds the input id of a decode scheduled on it.
     pub last_sample: u32,
+    /// Multimodal placeholder runs `(offset, length)` of the prompt (encoder budget).
+    pub mm: MmRanges,
 }
 
 impl Req {
-    pub fn new(r: NewRequest, seq_no: u64, kv: SeqKv) -> Self {
+    pub fn new(r: NewRequest, seq_no: u64, kv: SeqKv, mm: MmRanges) -> Self {
         let num_prompt = r.prompt.len() as u32;
         Req {
             id: r.id,
@@ -134,6 +137,7 @@ impl Req {
             finishing: false,
             placeholders: 0,
             last_sample: 0,
+            mm,
         }
     }
 
