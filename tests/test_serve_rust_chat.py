@@ -100,9 +100,10 @@ def test_render_tokenize_and_detokenize_answer_as_the_python_server(rust, srv):
         assert a.pop(k).startswith("chatcmpl-") and b.pop(k).startswith("chatcmpl-")
     assert a == b
     # Fields a request leaves unset take the checkpoint's generation_config.json (vLLM's --generation-config
-    # auto; the FastAPI server means to, but AsyncEngine does not expose the defaults to it).
-    sp = post(rust.url, "/v1/chat/completions/render", {"messages": CONVERSATIONS[1]}).json()["sampling_params"]
-    assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (0.7, 0.95, 40)
+    # auto), on both servers.
+    for url in (rust.url, srv.url):
+        sp = post(url, "/v1/chat/completions/render", {"messages": CONVERSATIONS[1]}).json()["sampling_params"]
+        assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (0.7, 0.95, 40), url
     comp = {"prompt": ["The sea", "A hill far away"], "max_tokens": 3, "temperature": 0.5, "top_p": 1.0, "top_k": -1,
             "min_p": 0.1, "stop": ["x"], "stop_token_ids": [5], "ignore_eos": True}
     a = post(rust.url, "/v1/completions/render", comp).json()

@@ -479,6 +479,12 @@ class AsyncEngine:
         return getattr(self._loaded(), "memory_split", "")
 
     @property
+    def sampling_defaults(self) -> dict:
+        """Default sampling fields from the generation config (``--generation-config``): what the server
+        applies to the fields a request leaves unset (available once ready)."""
+        return dict(self._loaded().sampling_defaults)
+
+    @property
     def vocab_size(self) -> int:
         """The model's vocabulary: token ids in ``[0, vocab_size)`` are valid prompt tokens."""
         return self._loaded().vocab_size
