@@ -86,13 +86,14 @@ def hf_tokens(model, prompts: list[list[int]], max_tokens: int) -> list[list[int
     return out
 
 
-def hf_time(model, prompts: list[list[int]], new: int) -> float:
+def hf_time(model, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """(wall s, the process CPU s) of a batched ``generate``."""
     ids = torch.tensor(prompts)  # equal lengths: no padding
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                        do_sample=False)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 # ---- yoco-rs --------------------------------------------------------------------------------------------------
@@ -114,13 +115,14 @@ def yoco_tokens(eng, prompts: list[list[int]], max_tokens: int) -> list[list[int
     return [list(o.outputs[0].token_ids) for o in eng.generate(prompts, p, use_tqdm=False)]
 
 
-def yoco_time(eng, prompts: list[list[int]], new: int) -> float:
+def yoco_time(eng, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """(wall s, the process CPU s) of ``Engine.generate``."""
     from yoco_rs import SamplingParams
 
     p = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     eng.generate(prompts, p, use_tqdm=False)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 # ---- the two kinds of run ---------------------------------------------------------------------------------------
@@ -162,14 +164,15 @@ def run(args) -> dict:
             prompts = speed_prompts(streams, 32, seed=streams)
             first = gen_time(prompts, 1)
             total = gen_time(prompts, 1 + steps)
-            out[f"decode_ms_per_step_{streams}"] = 1e3 * (total - first) / steps
+            out[f"decode_ms_per_step_{streams}"] = 1e3 * (total[0] - first[0]) / steps
+            out[f"decode_cpu_ms_per_step_{streams}"] = 1e3 * (total[1] - first[1]) / steps
         if args.prefill:
             prompts = speed_prompts(1, args.prefill, seed=99)
             if args.save_logits and args.impl == "yoco":  # the prefill step's last-token logits
                 runner, seen = model._runner, []
                 real = runner.execute
                 runner.execute = lambda b, **kw: seen.append(real(b, **kw)) or seen[-1]
-            out[f"prefill_{args.prefill}_s"] = gen_time(prompts, 1)
+            out[f"prefill_{args.prefill}_s"], out[f"prefill_{args.prefill}_cpu_s"] = gen_time(prompts, 1)
             if args.save_logits and args.impl == "yoco":
                 runner.execute = real
                 torch.save(seen[-1][-1].clone(), args.save_logits)
