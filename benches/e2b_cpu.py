@@ -4,8 +4,9 @@ Per dtype (bfloat16, float32), each in a fresh process, one after the other (nev
 transformers (``Gemma3nForCausalLM``, eager attention; its per-layer table memory-mapped, see
 ``tests/e2b_runs.py``), yoco-rs with fast prefill on, yoco-rs with fast prefill off (prefill only). Each
 reports load time, peak RSS, decode ms per step at 1 and 8 streams (32-token prompts, equal lengths so
-transformers batches 8 without padding; ``generate`` of 1 + S tokens minus that of 1 token, over S) and
-one 600-token prefill (``generate`` of one token); yoco-rs also saves the prefill's last-token logits, so
+transformers batches 8 without padding; the median of S decode steps, each step timed on its own:
+transformers' by a logits processor stamping every forward, yoco-rs' around ``Engine.step``) and one
+600-token prefill (the first forward); yoco-rs also saves the prefill's last-token logits, so
 the run prints how far fast prefill on and off differ at this size. Times are given as wall and as
 process CPU time (1 torch thread per process: on the shared, oversubscribed box a process gets a varying
 share of a core, which wall time counts and CPU time does not); the ratios use both.
@@ -78,8 +79,12 @@ def main() -> None:
             hfs.append(run("hf", model, *speed))
             ons.append(run("yoco", model, *speed, "--save-logits", os.path.join(tmp, f"on-{dt}.pt")))
         hf, on = best_of(hfs), best_of(ons)
-        off = run("yoco", model, *speed, "--no-decode", "--fast", "off", "--save-logits", os.path.join(tmp, f"off-{dt}.pt"))
-        diff = (torch.load(os.path.join(tmp, f"on-{dt}.pt")) - torch.load(os.path.join(tmp, f"off-{dt}.pt"))).abs().max()
+        if a.prefill:
+            off = run("yoco", model, *speed, "--no-decode", "--fast", "off", "--save-logits",
+                      os.path.join(tmp, f"off-{dt}.pt"))
+            diff = (torch.load(os.path.join(tmp, f"on-{dt}.pt")) - torch.load(os.path.join(tmp, f"off-{dt}.pt"))).abs().max()
+        else:  # decode only
+            off, diff = {"load_s": float("nan"), "peak_rss_gib": float("nan")}, float("nan")
         rows.append((dt, hf, on, off, float(diff)))
     with open("/proc/loadavg") as f:
         load1 = f.read().split()[0]
@@ -100,11 +105,12 @@ def main() -> None:
                   f"{pair(r, f'prefill_{p}_s', f'prefill_{p}_cpu_s', '.1f')} |")
         for unit, d, pf in (("wall", "decode_ms_per_step_", f"prefill_{p}_s"),
                             ("CPU", "decode_cpu_ms_per_step_", f"prefill_{p}_cpu_s")):
+            prefill = f"fast on/off {on[pf] / off[pf]:.2f}; vs transformers {hf[pf] / on[pf]:.2f}x" if p else ""
             print(f"| {dt} | ratios ({unit}) | load {hf['load_s'] / on['load_s']:.2f}x faster | "
                   f"RSS {on['peak_rss_gib'] / hf['peak_rss_gib']:.2f}x | "
                   f"1 stream {hf[d + '1'] / on[d + '1']:.2f}x | "
                   f"8 streams {hf[d + '8'] / on[d + '8']:.2f}x batched, {8 * hf[d + '1'] / on[d + '8']:.2f}x one at a "
-                  f"time | fast on/off {on[pf] / off[pf]:.2f}; vs transformers {hf[pf] / on[pf]:.2f}x |")
+                  f"time | {prefill} |")
         print(f"\n{dt}: last-token logits of the {p}-token prefill, fast prefill on vs off: max |diff| {diff:.2e}\n")
 
 

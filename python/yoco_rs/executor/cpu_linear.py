@@ -14,7 +14,8 @@ weights once per step like a GEMV (and once for all rows of a batched decode ste
 size is not assumed: on first use it is found by comparing the kernel with MKL's 4-row GEMM on random
 data (:meth:`RowInvariantLinear.kc_for`); where no block size reproduces MKL (or the kernel cannot run:
 no AVX2/FMA), that K's GEMMs fall back to padding their rows to 4. GEMMs with ``N <= SMALL_N`` outputs
-(AltUp's routers: MKL takes another path there) are padded too, which costs nothing at their size. From
+(AltUp's routers: MKL takes another path there) are padded too, which costs nothing at their size, and so
+are the tiny ones (``TINY``). From
 ``MKL_ROWS`` rows up MKL's GEMM itself runs (same values, and faster at prefill sizes).
 
 The weights (``[N, K]`` parameters, as in the checkpoints) are stored *K-major* on the CPU: the ``[N, K]``
@@ -53,6 +54,10 @@ lines to the same L1 sets)."""
 BF16_KC = 192
 """bf16 block size (any fixed value is invariant; MKL's f32 one, so bf16 = rounded f32 order)."""
 PROBE_COLUMNS = 24
+TINY = 1 << 16
+"""GEMMs with at most this many weights (AltUp's 4 x 4, 16 x 4, 4 x 2048) run padded to 4 rows in torch:
+cheaper than a kernel call at their size, and as row-invariant (bf16: on the widened values, rounded
+once, like the kernel)."""
 
 
 def _core():
@@ -104,16 +109,16 @@ COPY_COLUMNS = 512
 
 
 def copy_weight(param: torch.Tensor, t: torch.Tensor) -> None:
-    """``param.copy_(t)`` (any dtype/layout of ``t``), fast when ``param`` is K-major: slices of ``t``'s
-    rows transposed into a contiguous buffer (torch's blocked transpose), then copied row by row (a
-    strided ``copy_`` into the padded layout would take torch's slow elementwise path: 5x)."""
-    t = t.to(param.dtype)
+    """``param.copy_(t)`` (any dtype/layout of ``t``), fast when ``param`` is K-major: ``COPY_COLUMNS`` rows
+    of ``t`` at a time converted and transposed into a contiguous buffer (torch's blocked transpose), then
+    copied row by row (a strided ``copy_`` into the padded layout takes torch's elementwise path: 5x
+    slower), so the transient memory is one slice, not a converted copy of the whole tensor."""
     if not is_k_major(param) or t.dim() != 2:
-        param.copy_(t)
+        param.copy_(t.to(param.dtype))
         return
     dst = param.t()  # [K, N], rows contiguous
     for j0 in range(0, t.shape[0], COPY_COLUMNS):
-        part = t[j0:j0 + COPY_COLUMNS]
+        part = t[j0:j0 + COPY_COLUMNS].to(param.dtype)
         dst[:, j0:j0 + part.shape[0]].copy_(part.t().contiguous())
 
 
@@ -187,12 +192,14 @@ class RowInvariantLinear:
         if m == 0 or x.dtype not in (torch.float32, torch.bfloat16):
             return F.linear(x, w)
         if x.dtype == torch.bfloat16:
+            if n * k <= TINY:
+                return _padded(x2.float(), w.float()).to(torch.bfloat16).view(*lead, n)
             if not self.kernel:
                 return _padded(x2, w).view(*lead, n)
             return kernel_linear(_rows(x2), _weights(w), BF16_KC, torch.get_num_threads()).view(*lead, n)
         if m >= MKL_ROWS:
             return F.linear(x, w)
-        kc = self.kc_for(k) if self.kernel and n > SMALL_N else None
+        kc = self.kc_for(k) if self.kernel and n > SMALL_N and n * k > TINY else None
         if kc is None:
             return _padded(x2, w).view(*lead, n)
         return kernel_linear(_rows(x2), _weights(w), kc, torch.get_num_threads()).view(*lead, n)
