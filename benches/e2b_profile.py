@@ -3,6 +3,8 @@
 Loads the checkpoint once (``tests/e2b_checkpoint.py`` layout), prefills ``--streams`` prompts of
 ``--context`` tokens, then profiles ``--steps`` pure-decode engine steps and prints, per step:
 
+* the parts of the step (profiler ranges around the decoder layers, attention, KV writes, embeddings and
+  per-layer inputs, logits, step preparation, sampler: ``REGIONS``);
 * the matmuls by shape (``aten::linear``/``mm``/``addmm`` and what the CPU linear kernel adds), with the
   weight bytes each reads;
 * the other ops by name (self time), the per-layer Python overhead (wall minus op time), and the
@@ -12,6 +14,8 @@ Loads the checkpoint once (``tests/e2b_checkpoint.py`` layout), prefills ``--str
         [--no-batch-invariant]
 
 One process per configuration (the model is ~10 GB in float32): run it once per dtype and stream count.
+Any Gemma 3n checkpoint directory works, e.g. a small stand-in of the same layout from
+``tests/e2b_checkpoint.build(dir, text=dict(E2B_TEXT, hidden_size=256, ...))`` to try the script.
 """
 
 from __future__ import annotations
@@ -30,6 +34,31 @@ MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"
 
 
 KERNEL_CPU = [0.0]
+REGIONS = {
+    "region: decoder layers (all of them)": ("yoco_rs.models.gemma3n.layer", "DecoderLayer", "forward"),
+    "region: attention (backend.attend)": ("yoco_rs.executor.attention_torch", "TorchAttentionBackend", "attend"),
+    "region: KV writes (backend.write_kv)": ("yoco_rs.executor.attention_torch", "TorchAttentionBackend", "write_kv"),
+    "region: embeddings + per-layer inputs (host table gather)": ("yoco_rs.models.gemma3n.model", "Gemma3nModel", "embed"),
+    "region: logits (AltUp unembed, norm, LM head, softcap)": ("yoco_rs.models.gemma3n.model", "Gemma3nModel",
+                                                              "compute_logits"),
+    "region: step preparation (metadata)": ("yoco_rs.executor.executor", "Executor", "prepare"),
+    "region: sampler": ("yoco_rs.executor.sampler", "Sampler", "sample"),
+}
+
+
+def trace_regions() -> None:
+    """Profiler ranges around the parts of a step (``REGIONS``), to read their totals off the profile."""
+    import importlib
+
+    for name, (mod, cls, meth) in REGIONS.items():
+        klass = getattr(importlib.import_module(mod), cls)
+        real = getattr(klass, meth)
+
+        def wrapped(*args, _real=real, _name=name, **kw):
+            with torch.profiler.record_function(_name):
+                return _real(*args, **kw)
+
+        setattr(klass, meth, wrapped)
 
 
 def trace_kernel() -> None:
@@ -65,6 +94,7 @@ def main() -> None:
 
     from yoco_rs import SamplingParams
 
+    trace_regions()
     eng = load_yoco(a.model, a.dtype, True, batch_invariant=not a.no_batch_invariant)
     trace_kernel()
     params = SamplingParams(temperature=0.0, max_tokens=a.steps + 3, min_tokens=a.steps + 3, ignore_eos=True)
@@ -96,12 +126,15 @@ def main() -> None:
     kernel_cpu = KERNEL_CPU[0]
     n = a.steps
     events = prof.key_averages(group_by_input_shape=True)
-    by_shape, by_name = [], collections.Counter()
+    by_shape, by_name, regions = [], collections.Counter(), collections.Counter()
     for e in events:
         self_ms = e.self_cpu_time_total / 1e3 / n
         if e.key in MATMUL or e.key.startswith("yoco_cpu."):
             by_shape.append((e.cpu_time_total / 1e3 / n, e.key, e.input_shapes, e.count // n))
-        by_name[e.key] += self_ms
+        if e.key.startswith("region: "):
+            regions[e.key] += e.cpu_time_total / 1e3 / n
+        else:
+            by_name[e.key] += self_ms
     total_self = sum(by_name.values())
     wall = 1e3 * sum(walls) / n
     print(f"\n{a.dtype}, {a.streams} stream(s), context {a.context}, batch_invariant={not a.no_batch_invariant}, "
@@ -109,6 +142,10 @@ def main() -> None:
     print(f"step: wall {1e3 * sum(plain) / n:.1f} ms, thread CPU {1e3 * sum(cpu) / n:.1f} ms, of which the "
           f"yoco_cpu projections {1e3 * kernel_cpu / n:.1f} ms (no profiler); {wall:.1f} ms wall profiled, op self "
           f"time {total_self:.1f} ms\n")
+    print("parts of the step (total time, profiled wall; nested: attention and KV writes are inside the layers):")
+    for key in REGIONS:
+        print(f"  {regions[key]:8.1f} ms  {key[len('region: '):]}")
+    print()
     print("matmuls by shape (total time per step, calls per step):")
     for ms, key, shapes, calls in sorted(by_shape, key=lambda r: -r[0])[: a.top]:
         print(f"  {ms:8.1f} ms  {calls:4d}x  {key:14s} {shapes}")
