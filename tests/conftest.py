@@ -29,3 +29,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "locked_rounding" in item.keywords:
             item.add_marker(skip)
+
+
+def _tiny_mm_fixture(tmp_path_factory):
+    from mm_tiny import tiny_mm_model_dir
+
+    path = str(tmp_path_factory.mktemp("tiny_mm"))
+    hf = tiny_mm_model_dir(path)
+    return path, hf
+
+
+def _register_tiny_mm():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def tiny_mm(tmp_path_factory):
+        """A tiny random multimodal Gemma 3n checkpoint (tests/mm_tiny.py) in a temporary directory, and
+        the transformers model it was saved from; built once per session (~30 s), shared by the mm tests."""
+        return _tiny_mm_fixture(tmp_path_factory)
+
+    return tiny_mm
+
+
+tiny_mm = _register_tiny_mm()

@@ -25,13 +25,14 @@ def free_socket() -> socket.socket:
 
 
 class LiveServer:
-    def __init__(self, engine_kwargs: Optional[dict] = None, app_kwargs: Optional[dict] = None, **settings):
+    def __init__(self, engine_kwargs: Optional[dict] = None, app_kwargs: Optional[dict] = None, *,
+                 model: Optional[str] = None, **settings):
         import uvicorn
 
         from yoco_rs import AsyncEngine
         from yoco_rs.serve import ServerSettings, create_app
 
-        self.engine = AsyncEngine(None, **(engine_kwargs if engine_kwargs is not None else SHARED_ENGINE))
+        self.engine = AsyncEngine(model, **(engine_kwargs if engine_kwargs is not None else SHARED_ENGINE))
         self.settings = ServerSettings(**settings)
         self.app = create_app(self.engine, self.settings, **(app_kwargs or {}))
         sock = free_socket()

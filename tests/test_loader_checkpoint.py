@@ -2,9 +2,8 @@
 layout load and reproduce transformers' logits; broken directories and files give errors that say what
 is wrong.
 
-transformers cannot build a tiny ``Gemma3nForConditionalGeneration`` here: its vision tower is a
-``TimmWrapperModel`` and needs ``timm`` (not installed, and its MobileNetV5 config would be a download).
-So the multimodal checkpoint is written by hand, as the released files are laid out: the text model's
+The multimodal checkpoint here is written by hand, as the released files are laid out (the towers
+themselves, loaded and compared with transformers, are tests/test_mm_model_vs_hf.py): the text model's
 tensors renamed to ``model.language_model.*``, K/V weights for the KV-sharing layers (Google ships them),
 a real tiny audio tower and multimodal embedders from transformers' own classes, dummy vision-tower
 tensors, and ``Gemma3nConfig`` with tiny vision/audio configs as ``config.json``.
@@ -84,7 +83,7 @@ def _write_multimodal(hf, d, *, with_shared_kv: bool = True) -> None:
     from transformers.models.gemma3n.modeling_gemma3n import Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder
 
     text_cfg = hf.config
-    vision = Gemma3nVisionConfig(hidden_size=64)
+    vision = Gemma3nVisionConfig(hidden_size=64, model_args={"channel_multiplier": 0.125, "msfa_output_resolution": 2})
     audio = Gemma3nAudioConfig(hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2,
                                input_feat_size=16, sscp_conv_channel_size=[8, 4])
     cfg = Gemma3nConfig(text_config=text_cfg.to_dict(), vision_config=vision.to_dict(), audio_config=audio.to_dict())
@@ -122,11 +121,23 @@ def _write_multimodal(hf, d, *, with_shared_kv: bool = True) -> None:
 
 
 @pytest.mark.parametrize("with_shared_kv", [True, False], ids=["with-shared-kv", "without-shared-kv"])
-def test_multimodal_layout_loads_the_text_decoder_and_skips_the_towers(hf, hf_logits, tmp_path, with_shared_kv):
+def test_multimodal_layout_loads_the_text_decoder_without_the_towers(hf, hf_logits, tmp_path, with_shared_kv):
     _write_multimodal(hf, tmp_path, with_shared_kv=with_shared_kv)
-    ex = Executor.from_pretrained(tmp_path, device="cpu", progress=False)
+    ex = Executor.from_pretrained(tmp_path, device="cpu", progress=False, multimodal=False)
     assert ex.model_config.architecture == "Gemma3nForConditionalGeneration"
+    assert ex.mm is None
     _assert_matches_hf(ex, hf_logits)
+    # without a preprocessor_config.json (how to prepare images / audio) the towers are not loaded either
+    ex = Executor.from_pretrained(tmp_path, device="cpu", progress=False)
+    assert ex.mm is None
+
+
+def test_multimodal_layout_with_broken_tower_tensors_names_them(hf, tmp_path):
+    # The towers load by default (tests/test_mm_model_vs_hf.py); this file's vision tensors are dummies.
+    _write_multimodal(hf, tmp_path, with_shared_kv=False)
+    (tmp_path / "preprocessor_config.json").write_text("{}")  # towers are loaded where one ships
+    with pytest.raises(CheckpointError, match=r"tensor .model\.vision_tower\.timm_model\.\S+. has shape"):
+        Executor.from_pretrained(tmp_path, device="cpu", progress=False)
 
 
 def test_bfloat16_is_converted_on_load_and_stays_close(text_dir, hf_logits):

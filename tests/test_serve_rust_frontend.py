@@ -13,7 +13,9 @@ from serve_helpers import CliServer
 from yoco_rs import Engine, SamplingParams
 
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1, 2, 3, 4,"]
-FLAGS = ("--frontend", "rust", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0")
+# --chat-template is a template text here (chat itself is checked in test_serve_rust_chat.py).
+FLAGS = ("--frontend", "rust", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0",
+         "--chat-template", "X{{ messages[0]['content'] }}Y")
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +68,30 @@ def test_rust_frontend_seeded_sampling_is_reproducible(server):
 
 
 def test_rust_frontend_refuses_what_it_does_not_serve_yet_by_name(server):
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logprobs": 2}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logit_bias": {"5": 1.0}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                              "tools": [{"type": "function", "function": {"name": "f"}}]},
                    timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    r = httpx.post(server.url + "/v1/audio/transcriptions", json={}, timeout=30)
     assert r.status_code == 501 and "--frontend python" in r.json()["error"]["message"]
     m = httpx.get(server.url + "/metrics", timeout=30).text
     assert "yoco:num_requests_running" in m and "yoco:engine_step_period_seconds_bucket" in m
 
 
 def test_rust_frontend_refuses_unsupported_flags_at_start():
-    with pytest.raises(RuntimeError, match="--chat-template is not supported with --frontend rust"):
-        CliServer("--frontend", "rust", "--chat-template", "{{ messages }}", timeout=60)
+    with pytest.raises(RuntimeError, match="--tool-call-parser is not supported with --frontend rust"):
+        CliServer("--frontend", "rust", "--tool-call-parser", "pythonic", timeout=60)
+
+
+def test_the_chat_template_flag_is_the_template_and_request_templates_need_trust(server):
+    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    want = httpx.post(server.url + "/tokenize", json={"prompt": "XhiY", "add_special_tokens": False}, timeout=30)
+    assert r.status_code == 200 and r.json()["tokens"] == want.json()["tokens"]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 'x' }}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
 
 
 def test_data_parallel_loops_give_the_same_text_and_keep_a_prefix_on_one_loop(reference):

@@ -49,13 +49,30 @@ def serve_http(
     bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,
     vocab_size: int, api_keys: list[str] = ..., max_n: int = 16, max_prompts_per_request: int = 256,
     max_request_body_bytes: int = ..., metrics_prefix: str = "yoco", max_consecutive_failures: int = 8,
-    on_ready: object | None = None,
+    on_ready: object | None = None, chat_template: str | None = None, special_tokens: list[tuple[str, str]] = ...,
+    trust_request_chat_template: bool = False, chat_template_timeout: float = 2.0,
+    sampling_defaults: list[tuple[str, float]] = ..., compat_metric_names: bool = False,
+    allowed_origins: list[str] = ..., return_tokens_as_token_ids: bool = False, version: str | None = None,
+    cache_config_info: list[tuple[str, str]] = ..., kv_sharing_fast_prefill: bool = True, max_logprobs: int = 20,
+    structured_outputs_config: dict | None = None,
 ) -> None:
     """Serve the OpenAI API from Rust (``crates/yoco-server``) until SIGINT/SIGTERM, GIL released. ``loops``:
     one ``(scheduler, executor)`` per step loop; the executor has ``add_request``, ``remove_request``,
-    ``launch(plan, tables, resumed)`` and ``collect() -> int32 array`` (``serve.rust_frontend.StepExecutor``).
-    ``on_ready(url)`` is called once the port is bound."""
+    ``launch(plan, tables, resumed, masks, scoring)`` and ``collect()`` (``serve.rust_frontend.StepExecutor``
+    documents both). ``on_ready(url)`` is called once the port is bound. ``chat_template`` is the template chat
+    renders with (``--chat-template`` or the checkpoint's), ``special_tokens`` its ``bos_token``/``eos_token``/...
+    values, ``sampling_defaults`` the generation config's defaults, ``cache_config_info`` the labels of that
+    metric, ``structured_outputs_config`` the engine's (compile budgets, ``disable_any_whitespace``)."""
     ...
+
+class StepMasks:
+    """The token bitmasks of one step's constrained sampling rows, computed on the grammar pool while the
+    forward runs (handed to ``StepExecutor.launch`` by the Rust serving path)."""
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """Wait (GIL released) and return ``(rows int64[C], bitmask int32[C, words])``: ``rows`` are positions
+        into the plan's ``sample_rows``; bit ``t % 32`` of word ``t // 32`` allows token ``t``."""
+        ...
 
 class GrammarBusyError(RuntimeError):
     """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""
@@ -174,9 +191,11 @@ class Scheduler:
         cross_capture_sizes: Sequence[int] = (),
         enable_kv_events: bool = False,
         hash_seed: bytes | None = None,
+        max_num_encoder_input_tokens: int | None = None,
     ) -> None:
         """``layer_kinds``: per layer "full" | "sliding:W" | "shared:DONOR". ``num_blocks``: per KV group
-        (block 0 included), or one int for all. Raises ValueError on a bad configuration."""
+        (block 0 included), or one int for all. ``max_num_encoder_input_tokens``: the step's encoder budget
+        in multimodal soft tokens (None: ``max_num_batched_tokens``). Raises ValueError on a bad configuration."""
     def kv_groups(self) -> list[dict[str, Any]]:
         """Per KV group: {"kind": "full"|"sliding", "window": int|None, "layers": [...],
         "readers": [(layer, donor), ...]}; ``layers[i]`` is slice i of the group's KV tensor."""
@@ -196,8 +215,11 @@ class Scheduler:
         lora_path: str | None = None,
         prompt_logprobs: bool = False,
         after: int | None = None,
+        mm_placeholders: Sequence[tuple[int, int, str]] = (),
     ) -> None:
-        """Queues a request. ValueError for a bad request, CapacityError if the pool can never hold it."""
+        """Queues a request. ValueError for a bad request, CapacityError if the pool can never hold it.
+        ``mm_placeholders``: ``(offset, length, content hash)`` of each image / audio placeholder run (sorted,
+        disjoint, inside the prompt): hashed into the prefix cache's keys and charged to the encoder budget."""
     def abort(self, req_id: int) -> bool: ...
     def finish(self, req_id: int, reason_code: int) -> bool: ...
     def schedule(self) -> StepPlan:

@@ -375,8 +375,11 @@ class AsyncEngine:
         eng = self._engine
         arrival = time.monotonic()
         params = params or eng.get_default_sampling_params()
-        if params.structured_outputs is not None:
-            # Grammar compilation (GIL released, under its time budget) must not block the event loop.
+        mm = isinstance(prompt, dict) and (prompt.get("multi_modal_data") is not None
+                                           or bool(prompt.get("multi_modal_items")))
+        if params.structured_outputs is not None or mm:
+            # Grammar compilation (GIL released, under its time budget) and image / audio decoding and
+            # encoding must not block the event loop (nor the step loop: other streams keep decoding).
             proc, params = await asyncio.to_thread(eng._prepare, prompt, params)
         else:
             proc, params = eng._prepare(prompt, params)
@@ -449,6 +452,11 @@ class AsyncEngine:
     def config(self) -> EngineConfig:
         """The resolved config (available once ready)."""
         return self._loaded().config
+
+    @property
+    def mm_processor(self):
+        """Image / audio preprocessing of a multimodal checkpoint, None for a text-only one (once ready)."""
+        return getattr(self._loaded(), "mm_processor", None)
 
     @property
     def model_name(self) -> str:

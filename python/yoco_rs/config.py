@@ -88,6 +88,17 @@ class EngineConfig:
     budget: ``time_budget_ms`` (10000), ``max_grammar_size`` (500000), ``initial_lexer_fuel``,
     ``max_in_flight`` (4), ``cache_size`` (256)."""
 
+    limit_mm_per_prompt: Optional[Any] = None
+    """Most image / audio items one prompt may carry, ``{"image": N, "audio": M}`` (a dict or its JSON
+    string; vLLM's ``--limit-mm-per-prompt``). None: no limit but the context length."""
+    max_num_encoder_input_tokens: Optional[int] = None
+    """Encoder budget of one step: image / audio soft tokens the step's chunks may need encoded (vLLM's
+    name); a chunk that would need more stops before the item. None: ``max_num_batched_tokens``, raised to
+    the largest item (256 for a Gemma 3n image)."""
+    encoder_cache_memory: int = 256 << 20
+    """Bytes of encoder outputs (image / audio embeddings) kept by content hash, least recently used
+    evicted first (an evicted item is encoded again when needed)."""
+
     def __post_init__(self) -> None:
         self._validate()
 
@@ -145,6 +156,13 @@ class EngineConfig:
             raise field_error("scheduling_policy", "fcfs or priority", self.scheduling_policy)
         if not is_int(self.max_logprobs) or self.max_logprobs < 0:
             raise field_error("max_logprobs", "an integer >= 0", self.max_logprobs)
+        self.limit_mm_per_prompt = parse_mm_limits(self.limit_mm_per_prompt)
+        if self.max_num_encoder_input_tokens is not None and (
+                not is_int(self.max_num_encoder_input_tokens) or self.max_num_encoder_input_tokens < 1):
+            raise field_error("max_num_encoder_input_tokens", "an integer >= 1 or None (auto)",
+                              self.max_num_encoder_input_tokens)
+        if not is_int(self.encoder_cache_memory) or self.encoder_cache_memory < 0:
+            raise field_error("encoder_cache_memory", "bytes, an integer >= 0", self.encoder_cache_memory)
         from yoco_rs.kv_events import KVEventsConfig
 
         self.kv_events_config = KVEventsConfig.parse(self.kv_events_config)
@@ -172,4 +190,20 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["EngineConfig"]
+def parse_mm_limits(v) -> Optional[dict]:
+    """``limit_mm_per_prompt`` as ``{modality: int >= 0}`` (from a dict or its JSON string), or None."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        import json
+
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as e:
+            raise field_error("limit_mm_per_prompt", 'JSON like {"image": 2, "audio": 1}', v) from e
+    if not isinstance(v, dict) or not all(k in ("image", "audio") and is_int(n) and n >= 0 for k, n in v.items()):
+        raise field_error("limit_mm_per_prompt", 'a mapping of "image" / "audio" to an integer >= 0', v)
+    return dict(v)
+
+
+__all__ = ["EngineConfig", "parse_mm_limits"]

@@ -94,6 +94,9 @@ class Engine:
         self._grammar_failed: list[int] = []
         self._grammars = GrammarState(rt.tokenizer.tokenizer_file, rt.vocab_size, self._eos,
                                       limits=rt.config.structured_outputs_config)
+        self.mm_processor = rt.mm_processor
+        """Image / audio preprocessing of a multimodal checkpoint (None for a text-only model)."""
+        self._mm = rt.executor.mm  # the executor's per-request items and encoder cache
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "Engine":
@@ -213,7 +216,11 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.check_against(max_logprobs=self.config.max_logprobs, vocab_size=self._rt.vocab_size)
-        proc = process_prompt(prompt, self._tok, self._rt.vocab_size)
+        proc = process_prompt(prompt, self._tok, self._rt.vocab_size, self.mm_processor,
+                              self.config.limit_mm_per_prompt)
+        if proc.mm_items and self._mm is not None:
+            # Encode the images / audio here, off the step loop (AsyncEngine prepares in a worker thread).
+            self._mm.encode_ahead(proc.mm_items)
         # Structured outputs compile here, off the step loop (GIL released, under a time budget).
         proc.grammar = self._grammars.compile(params.structured_outputs) if params.structured_outputs else None
         p, limit = len(proc.token_ids), self.max_model_len
@@ -244,6 +251,8 @@ class Engine:
         mask_ids = stop_ids + ([] if params.ignore_eos else self._eos)
         first: Optional[int] = None
         added: list[int] = []
+        items = proc.mm_items
+        mm_placeholders = sorted(it.placeholder() for it in items)
         try:
             for i in range(params.n):
                 cid = next(self._ids)
@@ -257,8 +266,10 @@ class Engine:
                 self._sched.add_request(
                     cid, prompt_np, max_tokens=max_tokens, min_tokens=params.min_tokens, eos_token_ids=self._eos,
                     stop_token_ids=stop_ids, ignore_eos=params.ignore_eos, priority=priority,
-                    cache_salt=proc.cache_salt, prompt_logprobs=plp, after=first)
+                    cache_salt=proc.cache_salt, prompt_logprobs=plp, after=first, mm_placeholders=mm_placeholders)
                 added.append(cid)
+                if items:
+                    self._mm.add(cid, items)
                 if getattr(proc, "grammar", None) is not None:
                     self._grammars.add(cid, proc.grammar)
                 self._text.add(cid, proc.token_ids, skip_special_tokens=params.skip_special_tokens,
@@ -273,6 +284,8 @@ class Engine:
         except BaseException:
             for cid in added:
                 self._sched.abort(cid)
+                if self._mm is not None:
+                    self._mm.remove(cid)
                 self._text.remove(cid)
                 self._grammars.remove(cid)
                 self._seqs.pop(cid, None)
@@ -433,7 +446,11 @@ class Engine:
     def _forward_batch(self, plan) -> ForwardBatch:
         rows = plan.req_rows
         ncols = min(self._tables[0].shape[1], -(-int(plan.max_seq_len) // self.config.block_size) + 1)
-        return plan_batch(plan, [torch.from_numpy(np.ascontiguousarray(t[rows, :ncols])) for t in self._tables])
+        batch = plan_batch(plan, [torch.from_numpy(np.ascontiguousarray(t[rows, :ncols])) for t in self._tables])
+        if self._mm is not None:  # image / audio embeddings of this step's chunks (executor/mm_inputs.py)
+            batch.mm_overlay = self._mm.overlay(plan.req_ids, plan.query_start_loc, plan.seq_lens, plan.input_ids,
+                                                int(plan.num_tokens))
+        return batch
 
     def _prompt_logprobs(self, plan, logits: torch.Tensor) -> None:
         """Logprobs of the prompt positions this step computed, for requests that asked (the core
@@ -575,6 +592,8 @@ class Engine:
             self._row_stream[seq.row] = False
         self._plp.pop(seq.core_id, None)
         self._seqs.pop(seq.core_id, None)
+        if self._mm is not None:
+            self._mm.remove(seq.core_id)
         req = seq.req
         req.num_finished += 1
         if req.finished and not req.done:

@@ -47,6 +47,8 @@ class Runtime:
     """How device memory was split (weights / step / KV), for the server's startup line."""
     sampling_defaults: dict
     """Default sampling fields from the generation config (``yoco_rs.generation_config``)."""
+    mm_processor: object = None
+    """The checkpoint's :class:`~yoco_rs.multimodal.processor.MmProcessor` when its towers are loaded."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,8 +111,14 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
                                         kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
                                         attn_backend=select_backend(device),
                                         per_layer_embeddings_on_host=not cfg.per_layer_embeddings_on_device,
-                                        batch_invariant=cfg.batch_invariant)
+                                        batch_invariant=cfg.batch_invariant,
+                                        encoder_cache_bytes=cfg.encoder_cache_memory)
     args = executor.args
+    mm_processor = None
+    if executor.mm is not None:
+        from yoco_rs.multimodal.processor import MmProcessor
+
+        mm_processor = MmProcessor(executor.towers.args, tokenizer, model_dir)
 
     block_size = cfg.block_size or (64 if cuda else 16)
     sub_block = cfg.sub_block_size or min(16, block_size)
@@ -118,6 +126,10 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
         raise ValueError(f"sub_block_size={sub_block} must divide block_size={block_size}")
     max_num_seqs = cfg.max_num_seqs or (256 if cuda else 64)
     mnbt = cfg.max_num_batched_tokens or (8192 if cuda else 2048)
+    largest_item = 0
+    if mm_processor is not None:
+        largest_item = max(mm_processor.args.vision_soft_tokens, mm_processor.args.audio_soft_tokens)
+    encoder_budget = cfg.max_num_encoder_input_tokens or max(mnbt, largest_item)
 
     # ---- KV pool ------------------------------------------------------------------------------------
     memory_split = ""
@@ -181,7 +193,8 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
         executor.layer_kinds(), num_blocks=num_blocks, block_size=block_size, sub_block_size=sub_block,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, max_model_len=max_model_len,
         enable_prefix_caching=cfg.enable_prefix_caching, policy=cfg.scheduling_policy,
-        enable_kv_events=cfg.enable_kv_events or (cfg.kv_events_config is not None and cfg.kv_events_config.active))
+        enable_kv_events=cfg.enable_kv_events or (cfg.kv_events_config is not None and cfg.kv_events_config.active),
+        max_num_encoder_input_tokens=encoder_budget)
     if cfg.kv_events_config is not None and cfg.kv_events_config.active:
         cfg.kv_events_config.start(scheduler)
     sampler = Sampler(max_num_seqs, int(args.vocab_size), executor.device)
@@ -189,7 +202,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     resolved = dataclasses.replace(
         cfg, model=model_dir, dtype=str(executor.dtype).removeprefix("torch."), device=str(executor.device),
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-        block_size=block_size, sub_block_size=sub_block,
+        block_size=block_size, sub_block_size=sub_block, max_num_encoder_input_tokens=encoder_budget,
         kv_cache_memory=cfg.kv_cache_memory if cfg.kv_cache_memory is not None else (0.9 if cuda else CPU_KV_BYTES))
     log.info("yoco-rs engine: %s on %s (%s); KV cache holds %d tokens (%s blocks of %d, sub-block %d); "
              "fast prefill %s, prefix caching %s", name, resolved.device, resolved.dtype, capacity, num_blocks,
@@ -198,7 +211,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
     log.info(memory_line(executor, cfg.dtype))
     defaults = sampling_defaults(cfg.generation_config, model_dir)
     return Runtime(resolved, model_dir, name, tokenizer, executor, runner, scheduler, sampler, text, int(args.vocab_size),
-                   num_blocks, capacity, memory_split, defaults)
+                   num_blocks, capacity, memory_split, defaults, mm_processor)
 
 
 def memory_line(executor, requested_dtype: str) -> str:

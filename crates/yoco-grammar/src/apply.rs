@@ -16,23 +16,43 @@ const PARALLEL_ELEMS: usize = 1 << 20;
 /// `logits` is `[n, vocab]` row-major. For each `i`, in row `rows[i]`, every token whose bit in
 /// `bitmask[i]` (`words` packed `i32`s: bit `t % 32` of word `t / 32`) is clear, and every token past
 /// `32 * words`, becomes `-inf`. Rows must be distinct and in range.
-pub fn mask_logits(logits: &mut [f32], vocab: usize, rows: &[usize], bitmask: &[i32], words: usize) -> Result<(), GrammarError> {
-    let bad = |m: String| GrammarError::Invalid { kind: "bitmask", message: m };
+pub fn mask_logits(
+    logits: &mut [f32],
+    vocab: usize,
+    rows: &[usize],
+    bitmask: &[i32],
+    words: usize,
+) -> Result<(), GrammarError> {
+    let bad = |m: String| GrammarError::Invalid {
+        kind: "bitmask",
+        message: m,
+    };
     if vocab == 0 || logits.len() % vocab != 0 {
-        return Err(bad(format!("logits of {} elements are not rows of {vocab}", logits.len())));
+        return Err(bad(format!(
+            "logits of {} elements are not rows of {vocab}",
+            logits.len()
+        )));
     }
     if bitmask.len() != rows.len() * words {
-        return Err(bad(format!("bitmask of {} words for {} rows of {words}", bitmask.len(), rows.len())));
+        return Err(bad(format!(
+            "bitmask of {} words for {} rows of {words}",
+            bitmask.len(),
+            rows.len()
+        )));
     }
     let n = logits.len() / vocab;
     let mut slots: Vec<Option<&mut [f32]>> = logits.chunks_mut(vocab).map(Some).collect();
     let mut work = Vec::with_capacity(rows.len());
     for (i, &r) in rows.iter().enumerate() {
-        let row = slots.get_mut(r).and_then(Option::take).ok_or_else(|| bad(format!("row {r} out of {n} or repeated")))?;
+        let row = slots
+            .get_mut(r)
+            .and_then(Option::take)
+            .ok_or_else(|| bad(format!("row {r} out of {n} or repeated")))?;
         work.push((row, &bitmask[i * words..(i + 1) * words]));
     }
     if rows.len() * vocab >= PARALLEL_ELEMS {
-        crate::grammar_pool().install(|| work.into_par_iter().for_each(|(row, bm)| mask_row(row, bm)));
+        crate::grammar_pool()
+            .install(|| work.into_par_iter().for_each(|(row, bm)| mask_row(row, bm)));
     } else {
         work.into_iter().for_each(|(row, bm)| mask_row(row, bm));
     }
@@ -69,7 +89,11 @@ mod tests {
         bm[0] = 1 | (1 << 5); // row 2: tokens 0 and 5
         bm[3 + 1] = 1 << 31; // row 0: token 63
         mask_logits(&mut logits, vocab, &[2, 0], &bm, 3).unwrap();
-        let allowed = |r: usize| (0..vocab).filter(|&t| logits[r * vocab + t] == 1.0).collect::<Vec<_>>();
+        let allowed = |r: usize| {
+            (0..vocab)
+                .filter(|&t| logits[r * vocab + t] == 1.0)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(allowed(2), vec![0, 5]);
         assert_eq!(allowed(0), vec![63]);
         assert_eq!(allowed(1).len(), vocab); // unconstrained row untouched
@@ -79,7 +103,10 @@ mod tests {
     fn tokens_past_the_words_are_disallowed_and_bad_shapes_are_errors() {
         let mut logits = vec![0.0f32; 40];
         mask_logits(&mut logits, 40, &[0], &[-1], 1).unwrap();
-        assert!(logits[..32].iter().all(|&x| x == 0.0) && logits[32..].iter().all(|&x| x == f32::NEG_INFINITY));
+        assert!(
+            logits[..32].iter().all(|&x| x == 0.0)
+                && logits[32..].iter().all(|&x| x == f32::NEG_INFINITY)
+        );
         assert!(mask_logits(&mut logits, 40, &[1], &[-1], 1).is_err());
         assert!(mask_logits(&mut logits, 40, &[0, 0], &[-1, -1], 1).is_err());
         assert!(mask_logits(&mut logits, 40, &[0], &[-1, -1], 1).is_err());

@@ -30,7 +30,13 @@ pub struct CompileLimits {
 
 impl Default for CompileLimits {
     fn default() -> Self {
-        Self { time_budget_ms: 10_000, max_grammar_size: 500_000, initial_lexer_fuel: 1_000_000, max_in_flight: 4, cache_size: 256 }
+        Self {
+            time_budget_ms: 10_000,
+            max_grammar_size: 500_000,
+            initial_lexer_fuel: 1_000_000,
+            max_in_flight: 4,
+            cache_size: 256,
+        }
     }
 }
 
@@ -69,14 +75,24 @@ pub struct Fork {
 
 impl CompiledGrammar {
     fn new(kind: GrammarKind, m: Matcher) -> Self {
-        let template = Mutex::new(Template { matcher: m.deep_clone(), lineage: 0 });
-        Self { kind, pristine: m, template }
+        let template = Mutex::new(Template {
+            matcher: m.deep_clone(),
+            lineage: 0,
+        });
+        Self {
+            kind,
+            pristine: m,
+            template,
+        }
     }
 
     /// A new matcher at the start of the grammar with its own copy of the template's lexer cache.
     pub fn fork(&self) -> Fork {
         let t = self.template.lock().unwrap_or_else(|e| e.into_inner());
-        Fork { matcher: t.matcher.deep_clone(), lineage: t.lineage }
+        Fork {
+            matcher: t.matcher.deep_clone(),
+            lineage: t.lineage,
+        }
     }
 
     /// Offer a finished sequence's matcher as the next template: rewound to the start, it carries the
@@ -84,7 +100,10 @@ impl CompiledGrammar {
     /// or was forked from an older template than the current one; every `TEMPLATE_DONATIONS` the
     /// template starts again from the pristine grammar. Returns whether it was taken.
     pub fn donate(&self, fork: Fork) -> bool {
-        let Fork { mut matcher, lineage } = fork;
+        let Fork {
+            mut matcher,
+            lineage,
+        } = fork;
         if matcher.is_error() || matcher.reset().is_err() || matcher.is_stopped() {
             return false;
         }
@@ -93,14 +112,24 @@ impl CompiledGrammar {
             return false;
         }
         let next = lineage + 1;
-        let matcher = if next % TEMPLATE_DONATIONS == 0 { self.pristine.deep_clone() } else { matcher };
-        *t = Template { matcher, lineage: next };
+        let matcher = if next % TEMPLATE_DONATIONS == 0 {
+            self.pristine.deep_clone()
+        } else {
+            matcher
+        };
+        *t = Template {
+            matcher,
+            lineage: next,
+        };
         true
     }
 
     /// How many donations the current template descends from (tests, diagnostics).
     pub fn template_lineage(&self) -> u64 {
-        self.template.lock().unwrap_or_else(|e| e.into_inner()).lineage
+        self.template
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lineage
     }
 }
 
@@ -124,10 +153,16 @@ impl GrammarCompiler {
     /// From a `tokenizer.json`'s bytes. `vocab_size` is the model's (logits width, >= the tokenizer's
     /// count: the extra ids are never allowed); `eos_ids` the ids that end a sequence, allowed only
     /// where the grammar accepts.
-    pub fn from_tokenizer_json(json: &[u8], vocab_size: usize, eos_ids: &[u32], limits: CompileLimits) -> Result<Self, GrammarError> {
+    pub fn from_tokenizer_json(
+        json: &[u8],
+        vocab_size: usize,
+        eos_ids: &[u32],
+        limits: CompileLimits,
+    ) -> Result<Self, GrammarError> {
         let (env, eos) = crate::tokenizer::tok_env(json, vocab_size, eos_ids)?;
         let n = env.tok_trie().vocab_size();
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
         factory.quiet();
         let l = factory.limits_mut();
         l.max_grammar_size = limits.max_grammar_size;
@@ -157,14 +192,24 @@ impl GrammarCompiler {
 
     /// Compiled grammars in the cache.
     pub fn cached(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).map.len()
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .len()
     }
 
     /// Compile `spec` (or take it from the cache). Runs on its own thread; the caller waits at most
     /// the time budget. Blocking: call it off the step loop.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Arc<CompiledGrammar>, GrammarError> {
         let key = (spec.kind, spec.canonical.clone());
-        if let Some(g) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).map.get(&key) {
+        if let Some(g) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .get(&key)
+        {
             return Ok(g.clone());
         }
         let limit = self.limits.max_in_flight;
@@ -200,9 +245,18 @@ impl GrammarCompiler {
     }
 }
 
-fn compile_now(factory: &ParserFactory, kind: GrammarKind, grammar: llguidance::api::TopLevelGrammar) -> Result<CompiledGrammar, GrammarError> {
-    let invalid = |message: String| GrammarError::Invalid { kind: kind.name(), message };
-    let parser = factory.create_parser(grammar).map_err(|e| invalid(e.to_string()))?;
+fn compile_now(
+    factory: &ParserFactory,
+    kind: GrammarKind,
+    grammar: llguidance::api::TopLevelGrammar,
+) -> Result<CompiledGrammar, GrammarError> {
+    let invalid = |message: String| GrammarError::Invalid {
+        kind: kind.name(),
+        message,
+    };
+    let parser = factory
+        .create_parser(grammar)
+        .map_err(|e| invalid(e.to_string()))?;
     let mut m = Matcher::new(Ok(parser));
     // The first mask builds the lexer's initial states: errors that only show there are the
     // client's too, and the cost is paid here rather than in a step.

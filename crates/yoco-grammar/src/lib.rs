@@ -22,7 +22,7 @@ mod table;
 mod tokenizer;
 
 pub use apply::mask_logits;
-pub use compiler::{CompiledGrammar, CompileLimits, Fork, GrammarCompiler};
+pub use compiler::{CompileLimits, CompiledGrammar, Fork, GrammarCompiler};
 pub use spec::{GrammarKind, GrammarSpec};
 pub use table::{grammar_pool, MaskJob, MatcherTable, StepMasks};
 pub use tokenizer::{token_bytes, TokenBytes};

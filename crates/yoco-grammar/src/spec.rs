@@ -58,12 +58,18 @@ impl GrammarSpec {
     /// Parse `text` as a constraint of `kind`; malformed JSON or an empty choice is an error here,
     /// everything else is checked when the grammar compiles.
     pub fn parse(kind: GrammarKind, text: &str) -> Result<Self, GrammarError> {
-        let invalid = |message: String| GrammarError::Invalid { kind: kind.name(), message };
+        let invalid = |message: String| GrammarError::Invalid {
+            kind: kind.name(),
+            message,
+        };
         let (canonical, grammar) = match kind {
             GrammarKind::JsonSchema => {
-                let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+                let v: Value = serde_json::from_str(text)
+                    .map_err(|e| invalid(format!("not valid JSON: {e}")))?;
                 if !(v.is_object() || v.is_boolean()) {
-                    return Err(invalid("a JSON Schema must be an object or a boolean".into()));
+                    return Err(invalid(
+                        "a JSON Schema must be an object or a boolean".into(),
+                    ));
                 }
                 (v.to_string(), TopLevelGrammar::from_json_schema(v))
             }
@@ -78,15 +84,21 @@ impl GrammarSpec {
                 (text.to_string(), TopLevelGrammar::from_regex(text))
             }
             GrammarKind::Choice => {
-                let v: Vec<String> =
-                    serde_json::from_str(text).map_err(|e| invalid(format!("expected a list of strings: {e}")))?;
+                let v: Vec<String> = serde_json::from_str(text)
+                    .map_err(|e| invalid(format!("expected a list of strings: {e}")))?;
                 if v.is_empty() {
                     return Err(invalid("the list of choices is empty".into()));
                 }
                 // Each choice is a Lark string literal (JSON string escaping).
-                let alts: Vec<String> = v.iter().map(|c| Value::String(c.clone()).to_string()).collect();
+                let alts: Vec<String> = v
+                    .iter()
+                    .map(|c| Value::String(c.clone()).to_string())
+                    .collect();
                 let lark = format!("start: {}", alts.join(" | "));
-                (serde_json::to_string(&v).unwrap_or_default(), TopLevelGrammar::from_lark(lark))
+                (
+                    serde_json::to_string(&v).unwrap_or_default(),
+                    TopLevelGrammar::from_lark(lark),
+                )
             }
             GrammarKind::Lark => {
                 if text.trim().is_empty() {
@@ -99,7 +111,11 @@ impl GrammarSpec {
                 (text.to_string(), g)
             }
         };
-        Ok(Self { kind, canonical, grammar })
+        Ok(Self {
+            kind,
+            canonical,
+            grammar,
+        })
     }
 
     /// The cache key: kind and canonical text.
@@ -118,18 +134,34 @@ mod tests {
 
     #[test]
     fn json_schema_canonical_text_ignores_whitespace_but_keeps_key_order() {
-        let a = GrammarSpec::parse(GrammarKind::JsonSchema, r#"{ "type": "object",  "required": ["a"] }"#).unwrap();
-        let b = GrammarSpec::parse(GrammarKind::JsonSchema, r#"{"type":"object","required":["a"]}"#).unwrap();
-        let c = GrammarSpec::parse(GrammarKind::JsonSchema, r#"{"required":["a"],"type":"object"}"#).unwrap();
+        let a = GrammarSpec::parse(
+            GrammarKind::JsonSchema,
+            r#"{ "type": "object",  "required": ["a"] }"#,
+        )
+        .unwrap();
+        let b = GrammarSpec::parse(
+            GrammarKind::JsonSchema,
+            r#"{"type":"object","required":["a"]}"#,
+        )
+        .unwrap();
+        let c = GrammarSpec::parse(
+            GrammarKind::JsonSchema,
+            r#"{"required":["a"],"type":"object"}"#,
+        )
+        .unwrap();
         assert_eq!(a.canonical, b.canonical);
         assert_ne!(a.canonical, c.canonical);
     }
 
     #[test]
     fn malformed_json_schema_is_an_error_naming_json() {
-        let e = GrammarSpec::parse(GrammarKind::JsonSchema, "{nope").unwrap_err().to_string();
+        let e = GrammarSpec::parse(GrammarKind::JsonSchema, "{nope")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not valid JSON"), "{e}");
-        let e = GrammarSpec::parse(GrammarKind::JsonSchema, "[1]").unwrap_err().to_string();
+        let e = GrammarSpec::parse(GrammarKind::JsonSchema, "[1]")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("object or a boolean"), "{e}");
     }
 

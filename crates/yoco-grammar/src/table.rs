@@ -21,7 +21,9 @@ pub fn grammar_pool() -> &'static rayon::ThreadPool {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1)));
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+            });
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .thread_name(|i| format!("yoco-grammar-{i}"))
@@ -99,7 +101,15 @@ impl MaskJob {
         if let Some(m) = self.ready.take() {
             return m;
         }
-        self.rx.take().and_then(|rx| rx.into_inner().unwrap_or_else(|e| e.into_inner()).recv().ok()).unwrap_or_default()
+        self.rx
+            .take()
+            .and_then(|rx| {
+                rx.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .recv()
+                    .ok()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -107,7 +117,11 @@ impl MatcherTable {
     /// Masks over `vocab_size` tokens (the model's logits width); `eos_ids` allowed exactly where the
     /// grammar accepts.
     pub fn new(vocab_size: usize, eos_ids: &[u32]) -> Self {
-        Self { seqs: FxHashMap::default(), words: bitmask_words(vocab_size), eos_ids: eos_ids.to_vec() }
+        Self {
+            seqs: FxHashMap::default(),
+            words: bitmask_words(vocab_size),
+            eos_ids: eos_ids.to_vec(),
+        }
     }
 
     pub fn words(&self) -> usize {
@@ -131,7 +145,12 @@ impl MatcherTable {
         if self.seqs.contains_key(&seq_id) {
             return Err(GrammarError::DuplicateSequence(seq_id));
         }
-        let slot = Slot { grammar: grammar.clone(), fork: None, error: None, reported: false };
+        let slot = Slot {
+            grammar: grammar.clone(),
+            fork: None,
+            error: None,
+            reported: false,
+        };
         self.seqs.insert(seq_id, Arc::new(Mutex::new(slot)));
         Ok(())
     }
@@ -148,7 +167,10 @@ impl MatcherTable {
 
     /// Whether `seq_id`'s grammar accepts what it has consumed so far (a complete JSON document, ...).
     pub fn is_accepting(&self, seq_id: u64) -> Result<bool, GrammarError> {
-        let s = self.seqs.get(&seq_id).ok_or(GrammarError::UnknownSequence(seq_id))?;
+        let s = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(GrammarError::UnknownSequence(seq_id))?;
         let mut s = lock(s);
         if s.error.is_some() {
             return Ok(false);
@@ -175,7 +197,13 @@ impl MatcherTable {
             .collect();
         let words = self.words;
         if work.is_empty() && adv.is_empty() {
-            return MaskJob { rx: None, ready: Some(StepMasks { words, ..StepMasks::default() }) };
+            return MaskJob {
+                rx: None,
+                ready: Some(StepMasks {
+                    words,
+                    ..StepMasks::default()
+                }),
+            };
         }
         let eos = self.eos_ids.clone();
         let (tx, rx) = mpsc::sync_channel(1);
@@ -185,7 +213,10 @@ impl MatcherTable {
             m.failed = failed;
             let _ = tx.send(m);
         });
-        MaskJob { rx: Some(Mutex::new(rx)), ready: None }
+        MaskJob {
+            rx: Some(Mutex::new(rx)),
+            ready: None,
+        }
     }
 
     /// `start_masks` and `wait` in one call (on the grammar pool, the caller blocked).
@@ -215,32 +246,32 @@ impl MatcherTable {
 /// Advance each sequence by its token (rows in parallel); the ids whose grammar failed since the
 /// last report.
 fn advance_all(work: &[(u64, u32, SlotRef)]) -> Vec<u64> {
-        let advance_one = |(id, t, s): &(u64, u32, SlotRef)| -> Option<u64> {
-            let mut s = lock(s);
-            if s.error.is_some() {
-                let first = !s.reported;
-                s.reported = true;
-                return first.then_some(*id);
-            }
-            let m = s.matcher();
-            if m.is_stopped() {
-                // The grammar was complete: only EOS was allowed, and the core ends the sequence on it.
-                return None;
-            }
-            match m.consume_token(*t) {
-                Ok(()) => None,
-                Err(e) => {
-                    s.error = Some(format!("token {t} rejected by the grammar: {e}"));
-                    s.reported = true;
-                    Some(*id)
-                }
-            }
-        };
-        if work.len() >= 8 {
-            work.par_iter().filter_map(advance_one).collect()
-        } else {
-            work.iter().filter_map(advance_one).collect()
+    let advance_one = |(id, t, s): &(u64, u32, SlotRef)| -> Option<u64> {
+        let mut s = lock(s);
+        if s.error.is_some() {
+            let first = !s.reported;
+            s.reported = true;
+            return first.then_some(*id);
         }
+        let m = s.matcher();
+        if m.is_stopped() {
+            // The grammar was complete: only EOS was allowed, and the core ends the sequence on it.
+            return None;
+        }
+        match m.consume_token(*t) {
+            Ok(()) => None,
+            Err(e) => {
+                s.error = Some(format!("token {t} rejected by the grammar: {e}"));
+                s.reported = true;
+                Some(*id)
+            }
+        }
+    };
+    if work.len() >= 8 {
+        work.par_iter().filter_map(advance_one).collect()
+    } else {
+        work.iter().filter_map(advance_one).collect()
+    }
 }
 
 fn lock(s: &SlotRef) -> std::sync::MutexGuard<'_, Slot> {
@@ -250,10 +281,18 @@ fn lock(s: &SlotRef) -> std::sync::MutexGuard<'_, Slot> {
 /// Every row's mask, rows in parallel.
 fn compute(work: &[(i64, SlotRef)], words: usize, eos: &[u32]) -> StepMasks {
     let mut bitmask = vec![0i32; work.len() * words];
-    bitmask.par_chunks_mut(words).zip(work.par_iter()).for_each(|(out, (_, slot))| {
-        fill_row(&mut lock(slot), out, eos);
-    });
-    StepMasks { rows: work.iter().map(|(i, _)| *i).collect(), bitmask, words, failed: vec![] }
+    bitmask
+        .par_chunks_mut(words)
+        .zip(work.par_iter())
+        .for_each(|(out, (_, slot))| {
+            fill_row(&mut lock(slot), out, eos);
+        });
+    StepMasks {
+        rows: work.iter().map(|(i, _)| *i).collect(),
+        bitmask,
+        words,
+        failed: vec![],
+    }
 }
 
 /// One row: the grammar's allowed tokens, then the EOS ids set exactly when the grammar accepts.

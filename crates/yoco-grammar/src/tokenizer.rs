@@ -53,7 +53,11 @@ pub fn token_bytes(tok: &Tokenizer) -> Result<TokenBytes, GrammarError> {
         }
         if t.special || (t.content.starts_with('<') && t.content.ends_with('>')) {
             match t.content.as_str() {
-                "</s>" | "<|endoftext|>" | "<|end_of_text|>" | "<｜end▁of▁sentence｜>" | "<eos>" => info.tok_eos = *id,
+                "</s>"
+                | "<|endoftext|>"
+                | "<|end_of_text|>"
+                | "<｜end▁of▁sentence｜>"
+                | "<eos>" => info.tok_eos = *id,
                 "<|end|>" | "<|eot_id|>" | "<|im_end|>" => info.tok_end_of_turn = Some(*id),
                 "<unk>" | "<|unk|>" => info.tok_unk = Some(*id),
                 "<pad>" | "<|pad|>" => info.tok_pad = Some(*id),
@@ -66,7 +70,9 @@ pub fn token_bytes(tok: &Tokenizer) -> Result<TokenBytes, GrammarError> {
     }
     let chars = byte_level_chars();
     for id in 0..n {
-        let Some(name) = tok.id_to_token(id) else { continue };
+        let Some(name) = tok.id_to_token(id) else {
+            continue;
+        };
         let b = if special.contains(&id) {
             let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
             b.extend_from_slice(name.as_bytes());
@@ -77,7 +83,11 @@ pub fn token_bytes(tok: &Tokenizer) -> Result<TokenBytes, GrammarError> {
                     Some(byte) => vec![byte],
                     None => name.replace(space, " ").into_bytes(),
                 },
-                Spelling::ByteLevel => match name.chars().map(|c| chars.get(&c).copied()).collect::<Option<Vec<u8>>>() {
+                Spelling::ByteLevel => match name
+                    .chars()
+                    .map(|c| chars.get(&c).copied())
+                    .collect::<Option<Vec<u8>>>()
+                {
                     Some(b) => b,
                     None => continue, // not a byte-level spelling: keep what the added tokens gave
                 },
@@ -161,7 +171,8 @@ fn for_continuations(mut tok: Tokenizer) -> Result<Tokenizer, GrammarError> {
             NormalizerWrapper::Prepend(_) => None,
             NormalizerWrapper::Sequence(s) => {
                 let kept: Vec<_> = s.as_ref().iter().filter_map(|n| norm(n.clone())).collect();
-                (!kept.is_empty()).then(|| NormalizerWrapper::Sequence(normalizers::Sequence::new(kept)))
+                (!kept.is_empty())
+                    .then(|| NormalizerWrapper::Sequence(normalizers::Sequence::new(kept)))
             }
             n => Some(n),
         }
@@ -172,14 +183,17 @@ fn for_continuations(mut tok: Tokenizer) -> Result<Tokenizer, GrammarError> {
                 m.prepend_scheme = pre_tokenizers::metaspace::PrependScheme::Never;
                 PreTokenizerWrapper::Metaspace(m)
             }
-            PreTokenizerWrapper::Sequence(s) => PreTokenizerWrapper::Sequence(pre_tokenizers::sequence::Sequence::new(
-                s.as_ref().iter().map(|p| pre(p.clone())).collect(),
-            )),
+            PreTokenizerWrapper::Sequence(s) => {
+                PreTokenizerWrapper::Sequence(pre_tokenizers::sequence::Sequence::new(
+                    s.as_ref().iter().map(|p| pre(p.clone())).collect(),
+                ))
+            }
             p => p,
         }
     }
     if let Some(n) = tok.get_normalizer().cloned() {
-        tok.with_normalizer(norm(n)).map_err(|e| GrammarError::Tokenizer(format!("normalizer: {e}")))?;
+        tok.with_normalizer(norm(n))
+            .map_err(|e| GrammarError::Tokenizer(format!("normalizer: {e}")))?;
     }
     if let Some(p) = tok.get_pre_tokenizer().cloned() {
         tok.with_pre_tokenizer(Some(pre(p)));
@@ -195,7 +209,10 @@ struct HfEnv {
 
 impl HfEnv {
     fn encode(&self, s: &str) -> Vec<TokenId> {
-        self.tok.encode(s, false).map(|e| e.get_ids().to_vec()).unwrap_or_default()
+        self.tok
+            .encode(s, false)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
     }
 }
 
@@ -205,22 +222,37 @@ impl TokenizerEnv for HfEnv {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |s| self.encode(s))
+        self.trie
+            .tokenize_with_greedy_fallback(s, |s| self.encode(s))
     }
 
     fn tokenize_bytes_special(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |s| self.trie.tokenize_with_special(s, |s| self.encode(s)))
+        self.trie.tokenize_with_greedy_fallback(s, |s| {
+            self.trie.tokenize_with_special(s, |s| self.encode(s))
+        })
     }
 }
 
 /// llguidance's tokenizer environment for a `tokenizer.json`: masks `vocab_size` wide (ids past the
 /// tokenizer are placeholders never allowed), `eos_ids` (those inside the tokenizer) the EOS set.
 /// Returns the environment and the EOS ids kept.
-pub fn tok_env(json: &[u8], vocab_size: usize, eos_ids: &[TokenId]) -> Result<(TokEnv, Vec<TokenId>), GrammarError> {
-    let tok = Tokenizer::from_bytes(json).map_err(|e| GrammarError::Tokenizer(format!("error loading tokenizer: {e}")))?;
-    let TokenBytes { mut info, mut bytes } = token_bytes(&tok)?;
+pub fn tok_env(
+    json: &[u8],
+    vocab_size: usize,
+    eos_ids: &[TokenId],
+) -> Result<(TokEnv, Vec<TokenId>), GrammarError> {
+    let tok = Tokenizer::from_bytes(json)
+        .map_err(|e| GrammarError::Tokenizer(format!("error loading tokenizer: {e}")))?;
+    let TokenBytes {
+        mut info,
+        mut bytes,
+    } = token_bytes(&tok)?;
     let n = bytes.len();
-    let eos: Vec<TokenId> = eos_ids.iter().copied().filter(|&t| (t as usize) < n).collect();
+    let eos: Vec<TokenId> = eos_ids
+        .iter()
+        .copied()
+        .filter(|&t| (t as usize) < n)
+        .collect();
     if let Some(&first) = eos.first() {
         info.tok_eos = first;
     }
@@ -234,7 +266,13 @@ pub fn tok_env(json: &[u8], vocab_size: usize, eos_ids: &[TokenId]) -> Result<(T
     if eos.len() > 1 {
         trie = trie.with_eos_tokens(&eos);
     }
-    Ok((Arc::new(HfEnv { trie, tok: for_continuations(tok)? }), eos))
+    Ok((
+        Arc::new(HfEnv {
+            trie,
+            tok: for_continuations(tok)?,
+        }),
+        eos,
+    ))
 }
 
 #[cfg(test)]

@@ -4,24 +4,36 @@
 
 use std::time::Instant;
 
-use yoco_grammar::{CompileLimits, GrammarCompiler, GrammarError, GrammarKind, GrammarSpec, MatcherTable};
+use yoco_grammar::{
+    CompileLimits, GrammarCompiler, GrammarError, GrammarKind, GrammarSpec, MatcherTable,
+};
 
-const TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../python/yoco_rs/default_model/tokenizer.json");
+const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../python/yoco_rs/default_model/tokenizer.json"
+);
 
 fn tokenizer() -> tokenizers::Tokenizer {
     tokenizers::Tokenizer::from_file(TOKENIZER).unwrap()
 }
 
 fn eos_ids(t: &tokenizers::Tokenizer) -> Vec<u32> {
-    ["<eos>", "<end_of_turn>"].iter().filter_map(|s| t.token_to_id(s)).collect()
+    ["<eos>", "<end_of_turn>"]
+        .iter()
+        .filter_map(|s| t.token_to_id(s))
+        .collect()
 }
 
 /// A compiler whose masks are wider than the tokenizer (padding rows, as models have).
-fn setup(extra_vocab: usize, limits: CompileLimits) -> (GrammarCompiler, tokenizers::Tokenizer, usize) {
+fn setup(
+    extra_vocab: usize,
+    limits: CompileLimits,
+) -> (GrammarCompiler, tokenizers::Tokenizer, usize) {
     let t = tokenizer();
     let n = t.get_vocab_size(true);
     let bytes = std::fs::read(TOKENIZER).unwrap();
-    let c = GrammarCompiler::from_tokenizer_json(&bytes, n + extra_vocab, &eos_ids(&t), limits).unwrap();
+    let c = GrammarCompiler::from_tokenizer_json(&bytes, n + extra_vocab, &eos_ids(&t), limits)
+        .unwrap();
     (c, t, n)
 }
 
@@ -35,7 +47,13 @@ fn allowed_ids(mask: &[i32], vocab: usize) -> Vec<u32> {
 
 /// Drive one sequence greedily through the grammar, always taking the lowest allowed non-EOS id, until
 /// only EOS is allowed; returns the decoded text.
-fn walk(table: &MatcherTable, id: u64, tok: &tokenizers::Tokenizer, eos: &[u32], vocab: usize) -> String {
+fn walk(
+    table: &MatcherTable,
+    id: u64,
+    tok: &tokenizers::Tokenizer,
+    eos: &[u32],
+    vocab: usize,
+) -> String {
     let mut out = vec![];
     for _ in 0..200 {
         let m = table.masks(&[id]);
@@ -44,7 +62,10 @@ fn walk(table: &MatcherTable, id: u64, tok: &tokenizers::Tokenizer, eos: &[u32],
         let next = ids.iter().copied().find(|t| !eos.contains(t));
         match next {
             None => {
-                assert!(eos.iter().all(|&e| allowed(&m.bitmask, e)), "a finished grammar allows every EOS id");
+                assert!(
+                    eos.iter().all(|&e| allowed(&m.bitmask, e)),
+                    "a finished grammar allows every EOS id"
+                );
                 return tok.decode(&out, false).unwrap();
             }
             Some(t) => {
@@ -60,11 +81,16 @@ fn walk(table: &MatcherTable, id: u64, tok: &tokenizers::Tokenizer, eos: &[u32],
 fn regex_walk_spells_the_only_string_and_eos_comes_only_at_the_end() {
     let (c, tok, _) = setup(0, CompileLimits::default());
     let eos = c.eos_ids().to_vec();
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "hello world").unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "hello world").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), &eos);
     table.add(7, &g).unwrap();
     let first = table.masks(&[7]);
-    assert!(eos.iter().all(|&e| !allowed(&first.bitmask, e)), "EOS before the grammar accepts");
+    assert!(
+        eos.iter().all(|&e| !allowed(&first.bitmask, e)),
+        "EOS before the grammar accepts"
+    );
     assert_eq!(walk(&table, 7, &tok, &eos, c.vocab_size()), "hello world");
     assert!(table.is_accepting(7).unwrap());
 }
@@ -73,7 +99,9 @@ fn regex_walk_spells_the_only_string_and_eos_comes_only_at_the_end() {
 fn choice_masks_allow_only_prefixes_of_the_choices() {
     let (c, tok, n) = setup(0, CompileLimits::default());
     let eos = c.eos_ids().to_vec();
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["yes", "no"]"#).unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["yes", "no"]"#).unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), &eos);
     table.add(1, &g).unwrap();
     let m = table.masks(&[1]);
@@ -81,7 +109,10 @@ fn choice_masks_allow_only_prefixes_of_the_choices() {
     assert!(!ids.is_empty());
     for t in ids {
         let s = tok.decode(&[t], false).unwrap();
-        assert!("yes".starts_with(&s) || "no".starts_with(&s), "token {t} ({s:?}) is not a prefix of a choice");
+        assert!(
+            "yes".starts_with(&s) || "no".starts_with(&s),
+            "token {t} ({s:?}) is not a prefix of a choice"
+        );
     }
 }
 
@@ -90,7 +121,9 @@ fn json_schema_walk_produces_a_document_the_schema_accepts() {
     let (c, tok, _) = setup(0, CompileLimits::default());
     let eos = c.eos_ids().to_vec();
     let schema = r#"{"type":"object","properties":{"a":{"type":"integer","minimum":3,"maximum":3},"b":{"const":"x"}},"required":["a","b"],"additionalProperties":false,"x-guidance":{"whitespace_flexible":false}}"#;
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), &eos);
     table.add(1, &g).unwrap();
     let text = walk(&table, 1, &tok, &eos, c.vocab_size());
@@ -101,7 +134,9 @@ fn json_schema_walk_produces_a_document_the_schema_accepts() {
 #[test]
 fn padding_ids_beyond_the_tokenizer_are_never_allowed() {
     let (c, _tok, n) = setup(100, CompileLimits::default());
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
     table.add(1, &g).unwrap();
     let m = table.masks(&[1]);
@@ -112,8 +147,12 @@ fn padding_ids_beyond_the_tokenizer_are_never_allowed() {
 #[test]
 fn background_masks_equal_inline_masks_and_skip_unconstrained_rows() {
     let (c, tok, _) = setup(0, CompileLimits::default());
-    let g1 = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap()).unwrap();
-    let g2 = c.compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap()).unwrap();
+    let g1 = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap())
+        .unwrap();
+    let g2 = c
+        .compile(&GrammarSpec::parse(GrammarKind::JsonObject, "").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
     table.add(10, &g1).unwrap();
     table.add(30, &g2).unwrap();
@@ -132,7 +171,9 @@ fn background_masks_equal_inline_masks_and_skip_unconstrained_rows() {
 #[test]
 fn n_matchers_of_one_grammar_are_independent() {
     let (c, tok, _) = setup(0, CompileLimits::default());
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["alpha", "beta"]"#).unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Choice, r#"["alpha", "beta"]"#).unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
     table.add(1, &g).unwrap();
     table.add(2, &g).unwrap();
@@ -150,7 +191,9 @@ fn n_matchers_of_one_grammar_are_independent() {
 fn a_rejected_token_stops_the_sequence_with_eos_only() {
     let (c, tok, n) = setup(0, CompileLimits::default());
     let eos = c.eos_ids().to_vec();
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "abc").unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "abc").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), &eos);
     table.add(1, &g).unwrap();
     let z = tok.encode("z", false).unwrap().get_ids()[0];
@@ -165,12 +208,20 @@ fn a_rejected_token_stops_the_sequence_with_eos_only() {
 #[test]
 fn compiled_grammars_are_cached_by_canonical_text() {
     let (c, _, _) = setup(0, CompileLimits::default());
-    let a = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, r#"{"type": "integer"}"#).unwrap()).unwrap();
-    let b = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, "{\n  \"type\":\"integer\" }").unwrap()).unwrap();
+    let a = c
+        .compile(&GrammarSpec::parse(GrammarKind::JsonSchema, r#"{"type": "integer"}"#).unwrap())
+        .unwrap();
+    let b = c
+        .compile(
+            &GrammarSpec::parse(GrammarKind::JsonSchema, "{\n  \"type\":\"integer\" }").unwrap(),
+        )
+        .unwrap();
     assert!(std::sync::Arc::ptr_eq(&a, &b));
     assert_eq!(c.cached(), 1);
-    c.compile(&GrammarSpec::parse(GrammarKind::Regex, "integer").unwrap()).unwrap();
-    c.compile(&GrammarSpec::parse(GrammarKind::Lark, r#"start: "integer""#).unwrap()).unwrap();
+    c.compile(&GrammarSpec::parse(GrammarKind::Regex, "integer").unwrap())
+        .unwrap();
+    c.compile(&GrammarSpec::parse(GrammarKind::Lark, r#"start: "integer""#).unwrap())
+        .unwrap();
     assert_eq!(c.cached(), 3);
 }
 
@@ -178,28 +229,44 @@ fn compiled_grammars_are_cached_by_canonical_text() {
 fn bad_grammars_are_invalid_errors_naming_the_problem() {
     let (c, _, _) = setup(0, CompileLimits::default());
     let cases = [
-        (GrammarKind::JsonSchema, r#"{"type": "nosuchtype"}"#, "nosuchtype"),
+        (
+            GrammarKind::JsonSchema,
+            r#"{"type": "nosuchtype"}"#,
+            "nosuchtype",
+        ),
         (GrammarKind::Regex, "(unclosed", "regex"),
         (GrammarKind::Lark, "start: missing_rule", "missing_rule"),
         (GrammarKind::Lark, "this is not lark", "grammar"),
     ];
     for (kind, text, needle) in cases {
-        let e = GrammarSpec::parse(kind, text).and_then(|s| c.compile(&s)).map(|_| ()).unwrap_err();
-        assert!(matches!(e, GrammarError::Invalid { .. }), "{kind:?} {text}: {e}");
+        let e = GrammarSpec::parse(kind, text)
+            .and_then(|s| c.compile(&s))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, GrammarError::Invalid { .. }),
+            "{kind:?} {text}: {e}"
+        );
         assert!(e.to_string().contains(needle), "{kind:?} {text}: {e}");
     }
 }
 
 #[test]
 fn hostile_schemas_are_refused_or_compiled_within_the_budget() {
-    let limits = CompileLimits { time_budget_ms: 2_000, ..CompileLimits::default() };
+    let limits = CompileLimits {
+        time_budget_ms: 2_000,
+        ..CompileLimits::default()
+    };
     let (c, _, _) = setup(0, limits);
     let mut deep = String::from(r#"{"type":"integer"}"#);
     for _ in 0..300 {
         deep = format!(r#"{{"type":"object","properties":{{"a":{deep}}},"required":["a"]}}"#);
     }
-    let huge_enum = serde_json::json!({"enum": (0..200_000).map(|i| format!("value-{i}")).collect::<Vec<_>>()}).to_string();
-    let nested_patterns = r#"{"type":"string","pattern":"^((a|b)*(c|d)*){1,50}(e{1,30}f{1,30}){1,30}$"}"#;
+    let huge_enum =
+        serde_json::json!({"enum": (0..200_000).map(|i| format!("value-{i}")).collect::<Vec<_>>()})
+            .to_string();
+    let nested_patterns =
+        r#"{"type":"string","pattern":"^((a|b)*(c|d)*){1,50}(e{1,30}f{1,30}){1,30}$"}"#;
     for schema in [deep, huge_enum, nested_patterns.to_string()] {
         let spec = GrammarSpec::parse(GrammarKind::JsonSchema, &schema);
         let t0 = Instant::now();
@@ -208,7 +275,13 @@ fn hostile_schemas_are_refused_or_compiled_within_the_budget() {
         // The budget bounds the wait for the compile thread (plus scheduling slack on a loaded machine).
         assert!(dt.as_millis() < 3_000, "took {dt:?}");
         if let Err(e) = r {
-            assert!(matches!(e, GrammarError::Invalid { .. } | GrammarError::Timeout { .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    GrammarError::Invalid { .. } | GrammarError::Timeout { .. }
+                ),
+                "{e}"
+            );
         }
     }
 }
@@ -216,7 +289,9 @@ fn hostile_schemas_are_refused_or_compiled_within_the_budget() {
 #[test]
 fn deferred_advance_in_the_mask_job_equals_advancing_first() {
     let (c, tok, _) = setup(0, CompileLimits::default());
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "[a-c]+x").unwrap())
+        .unwrap();
     let mut t1 = MatcherTable::new(c.vocab_size(), c.eos_ids());
     let mut t2 = MatcherTable::new(c.vocab_size(), c.eos_ids());
     t1.add(1, &g).unwrap();
@@ -235,7 +310,9 @@ fn deferred_advance_in_the_mask_job_equals_advancing_first() {
 #[test]
 fn finished_sequences_donate_their_matcher_as_the_next_template_and_forks_start_from_it() {
     let (c, tok, n) = setup(0, CompileLimits::default());
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "(ab|cd)+x").unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "(ab|cd)+x").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(c.vocab_size(), c.eos_ids());
     table.add(1, &g).unwrap();
     table.add(2, &g).unwrap();
@@ -252,7 +329,10 @@ fn finished_sequences_donate_their_matcher_as_the_next_template_and_forks_start_
     // A fork of the donated template is rewound to the start: the same mask as a pristine start.
     table.add(3, &g).unwrap();
     let again = table.masks(&[3]);
-    assert_eq!(allowed_ids(&again.bitmask, n), allowed_ids(&start.bitmask[..start.words], n));
+    assert_eq!(
+        allowed_ids(&again.bitmask, n),
+        allowed_ids(&start.bitmask[..start.words], n)
+    );
     // A failed sequence is not donated.
     let z = tok.encode("z", false).unwrap().get_ids()[0];
     assert_eq!(table.advance(&[3], &[z]), vec![3]);
@@ -264,11 +344,21 @@ fn finished_sequences_donate_their_matcher_as_the_next_template_and_forks_start_
 fn rows_of_one_grammar_each_own_their_matcher_so_parallel_masks_equal_serial_ones() {
     let (c, tok, _) = setup(0, CompileLimits::default());
     let schema = r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"}}},"required":["a","b"]}"#;
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap()).unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::JsonSchema, schema).unwrap())
+        .unwrap();
     let mut par = MatcherTable::new(c.vocab_size(), c.eos_ids());
     let ids: Vec<u64> = (1..=32).collect();
     let prefixes: Vec<Vec<u32>> = (0..32)
-        .map(|i| tok.encode(format!("{{\"a\": \"{}\", \"b\": [{}", "xy".repeat(i % 5), i).as_str(), false).unwrap().get_ids().to_vec())
+        .map(|i| {
+            tok.encode(
+                format!("{{\"a\": \"{}\", \"b\": [{}", "xy".repeat(i % 5), i).as_str(),
+                false,
+            )
+            .unwrap()
+            .get_ids()
+            .to_vec()
+        })
         .collect();
     for (&id, p) in ids.iter().zip(&prefixes) {
         par.add(id, &g).unwrap();
@@ -284,7 +374,11 @@ fn rows_of_one_grammar_each_own_their_matcher_so_parallel_masks_equal_serial_one
         for &t in &prefixes[k] {
             assert!(one.advance(&[id], &[t]).is_empty());
         }
-        assert_eq!(one.masks(&[id]).bitmask, all.bitmask[k * all.words..(k + 1) * all.words], "row {id}");
+        assert_eq!(
+            one.masks(&[id]).bitmask,
+            all.bitmask[k * all.words..(k + 1) * all.words],
+            "row {id}"
+        );
     }
 }
 
@@ -303,7 +397,11 @@ fn token_bytes_of_a_byte_fallback_vocabulary_follow_the_conventions() {
     assert_eq!(tb.info.tok_pad, Some(id("<pad>") as u32));
     assert_eq!(tb.info.tok_unk, Some(id("<unk>") as u32));
     // A word piece: the space stand-in is a space.
-    let (piece, pid) = t.get_vocab(true).into_iter().find(|(p, _)| p.starts_with('▁') && p.chars().count() > 2).unwrap();
+    let (piece, pid) = t
+        .get_vocab(true)
+        .into_iter()
+        .find(|(p, _)| p.starts_with('▁') && p.chars().count() > 2)
+        .unwrap();
     assert_eq!(tb.bytes[pid as usize], piece.replace('▁', " ").into_bytes());
 }
 
@@ -325,14 +423,21 @@ fn token_bytes_of_a_byte_level_vocabulary_map_chars_back_to_bytes() {
     assert_eq!(tb.info.tok_eos, 4);
     // And a grammar over it: after "a", the regex `a a` continues with "Ġa" (its bytes are " a", and it
     // is how the tokenizer spells " a"), never with "a" or "Ċ".
-    let c = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 8, &[4], CompileLimits::default()).unwrap();
-    let g = c.compile(&GrammarSpec::parse(GrammarKind::Regex, "a a").unwrap()).unwrap();
+    let c =
+        GrammarCompiler::from_tokenizer_json(json.as_bytes(), 8, &[4], CompileLimits::default())
+            .unwrap();
+    let g = c
+        .compile(&GrammarSpec::parse(GrammarKind::Regex, "a a").unwrap())
+        .unwrap();
     let mut table = MatcherTable::new(8, &[4]);
     table.add(1, &g).unwrap();
     assert_eq!(allowed_ids(&table.masks(&[1]).bitmask, 8), vec![0]);
     assert!(table.advance(&[1], &[0]).is_empty());
     let next = allowed_ids(&table.masks(&[1]).bitmask, 8);
-    assert!(next.contains(&1) && !next.contains(&0) && !next.contains(&2), "{next:?}");
+    assert!(
+        next.contains(&1) && !next.contains(&0) && !next.contains(&2),
+        "{next:?}"
+    );
 }
 
 #[test]
@@ -340,6 +445,8 @@ fn a_tokenizer_whose_decoder_spells_no_bytes_is_an_error() {
     let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
       "pre_tokenizer":null,"post_processor":null,"decoder":null,
       "model":{"type":"WordLevel","vocab":{"a":0,"[UNK]":1},"unk_token":"[UNK]"}}"#;
-    let e = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 2, &[], CompileLimits::default()).err().unwrap();
+    let e = GrammarCompiler::from_tokenizer_json(json.as_bytes(), 2, &[], CompileLimits::default())
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("spells bytes"), "{e}");
 }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use yoco_grammar::{CompileLimits, GrammarError, GrammarKind, GrammarSpec, MaskJob, StepMasks};
@@ -250,13 +252,23 @@ impl PyMatcherTable {
 /// `logits[rows[i], t] = -inf` for every token `t` that row `i` of `bitmask` (`[C, words]` int32)
 /// disallows, in place on a C-contiguous float32 `[X, V]` array (host logits); GIL released.
 #[pyfunction]
-pub fn mask_logits(py: Python<'_>, mut logits: PyReadwriteArray2<'_, f32>, rows: PyReadonlyArray1<'_, i64>, bitmask: PyReadonlyArray2<'_, i32>) -> PyResult<()> {
+pub fn mask_logits(
+    py: Python<'_>,
+    mut logits: PyReadwriteArray2<'_, f32>,
+    rows: PyReadonlyArray1<'_, i64>,
+    bitmask: PyReadonlyArray2<'_, i32>,
+) -> PyResult<()> {
     let vocab = logits.as_array().shape()[1];
     let words = bitmask.as_array().shape()[1];
-    let rows: Vec<usize> = rows.as_slice()?.iter().map(|&r| usize::try_from(r).unwrap_or(usize::MAX)).collect();
+    let rows: Vec<usize> = rows
+        .as_slice()?
+        .iter()
+        .map(|&r| usize::try_from(r).unwrap_or(usize::MAX))
+        .collect();
     let bm = bitmask.as_slice()?;
     let l = logits.as_slice_mut()?;
-    py.detach(|| yoco_grammar::mask_logits(l, vocab, &rows, bm, words)).map_err(to_py)
+    py.detach(|| yoco_grammar::mask_logits(l, vocab, &rows, bm, words))
+        .map_err(to_py)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -12,6 +12,7 @@ mod mock;
 mod plan;
 mod scheduler;
 mod serve; // the Rust serving path over the Python executor
+mod serve_sampling; // its masks, logprob arrays and structured-output settings
 mod text; // yoco-text binding (engine)
 
 use pyo3::prelude::*;
@@ -41,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, r as u8)?;
     }
     m.add_function(wrap_pyfunction!(serve::serve_http, m)?)?;
+    m.add_class::<serve_sampling::PyStepMasks>()?;
     text::register(m)?; // engine: TextBatch
     grammar::register(m)?; // structured outputs: GrammarCompiler, CompiledGrammar, MatcherTable
     cpu_linear::register(m)?; // linear_f32, linear_bf16, cpu_linear_available

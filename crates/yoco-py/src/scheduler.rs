@@ -6,7 +6,7 @@ use numpy::PyReadonlyArray1;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use yoco_core::kv::{kv_groups, HashExtras, KvConfig, KvEventBatch};
+use yoco_core::kv::{kv_groups, HashExtras, KvConfig, KvEventBatch, MmPlaceholder};
 use yoco_core::sched::{self as core, FinishReason, NewRequest, SchedulerConfig};
 
 use crate::arrays::view2;
@@ -61,7 +61,7 @@ impl Scheduler {
         max_num_batched_tokens = 8192, max_model_len = 4096, long_prefill_token_threshold = 0,
         enable_prefix_caching = true, policy = "fcfs", max_admission_skips = core::DEFAULT_MAX_ADMISSION_SKIPS,
         token_capture_sizes = Vec::new(), cross_capture_sizes = Vec::new(), enable_kv_events = false,
-        hash_seed = None
+        hash_seed = None, max_num_encoder_input_tokens = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -81,6 +81,7 @@ impl Scheduler {
         cross_capture_sizes: Vec<u32>,
         enable_kv_events: bool,
         hash_seed: Option<Vec<u8>>,
+        max_num_encoder_input_tokens: Option<u32>,
     ) -> PyResult<Self> {
         let layers = convert::layer_kinds(&layer_kinds)?;
         let groups = kv_groups(&layers).map_err(to_py)?;
@@ -101,6 +102,8 @@ impl Scheduler {
             long_prefill_token_threshold,
             policy: convert::policy(policy)?,
             max_admission_skips,
+            max_num_encoder_input_tokens: max_num_encoder_input_tokens
+                .unwrap_or(max_num_batched_tokens),
             token_capture_sizes,
             cross_capture_sizes,
         };
@@ -126,7 +129,7 @@ impl Scheduler {
     #[pyo3(signature = (
         req_id, prompt, *, max_tokens, min_tokens = 0, eos_token_ids = Vec::new(), stop_token_ids = Vec::new(),
         ignore_eos = false, priority = 0, cache_salt = None, lora_name = None, lora_path = None,
-        prompt_logprobs = false, after = None
+        prompt_logprobs = false, after = None, mm_placeholders = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
@@ -145,6 +148,7 @@ impl Scheduler {
         lora_path: Option<String>,
         prompt_logprobs: bool,
         after: Option<u64>,
+        mm_placeholders: Vec<(u32, u32, String)>,
     ) -> PyResult<()> {
         if lora_path.is_some() && lora_name.is_none() {
             return Err(PyValueError::new_err("lora_path given without lora_name"));
@@ -165,8 +169,16 @@ impl Scheduler {
             prompt_logprobs,
             after,
         };
+        let mm = mm_placeholders
+            .into_iter()
+            .map(|(offset, length, identifier)| MmPlaceholder {
+                offset,
+                length,
+                identifier,
+            })
+            .collect();
         let inner = &mut self.inner;
-        py.detach(|| inner.add_request(req)).map_err(to_py)
+        py.detach(|| inner.add_request_mm(req, mm)).map_err(to_py)
     }
 
     /// Aborts a request in any state, freeing everything; False for an unknown id.

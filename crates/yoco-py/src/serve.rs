@@ -10,22 +10,26 @@
 use std::net::SocketAddr;
 
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use numpy::IntoPyArray;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use yoco_server::{AppConfig, ExecError, Executor, GenParams, LoopConfig, StepInputs};
+use yoco_server::{
+    AppConfig, ExecError, Executor, GenParams, LoopConfig, SamplingDefaults, SpecialTokens,
+    StepInputs, StepOutput,
+};
 use yoco_text::Tokenizer;
 
 use crate::plan::StepPlan;
 use crate::scheduler::Scheduler;
+use crate::serve_sampling::{read_output, structured_config, PyStepMasks};
 
 /// The Python executor behind the Rust step loop.
 struct PyStepExecutor {
     obj: Py<PyAny>,
     num_groups: usize,
     block_size: usize,
-    sampled: Vec<i32>,
+    out: StepOutput,
 }
 
 fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
@@ -61,6 +65,10 @@ impl Executor for PyStepExecutor {
             let _ = kw.set_item("min_tokens", p.min_tokens);
             let _ = kw.set_item("ignore_eos", p.ignore_eos);
             let _ = kw.set_item("stop_token_ids", p.stop_token_ids.clone());
+            let _ = kw.set_item("presence_penalty", s.presence_penalty);
+            let _ = kw.set_item("frequency_penalty", s.frequency_penalty);
+            let _ = kw.set_item("repetition_penalty", s.repetition_penalty);
+            let _ = kw.set_item("logprobs", p.logprobs.map_or(-1, i64::from));
             let prompt = p
                 .prompt
                 .iter()
@@ -123,31 +131,35 @@ impl Executor for PyStepExecutor {
                     .set_item(id, v.into_pyarray(py))
                     .map_err(|e| exec_err(py, e))?;
             }
+            let masks = match step.masks {
+                Some(m) => Some(
+                    Py::new(py, PyStepMasks { inner: m.clone() }).map_err(|e| exec_err(py, e))?,
+                ),
+                None => None,
+            };
+            let ps = step.prompt_scoring;
+            let scoring = (!ps.is_empty()).then(|| {
+                let rows: Vec<i64> = ps.rows.iter().map(|&x| x as i64).collect();
+                let targets: Vec<i64> = ps.targets.iter().map(|&x| x as i64).collect();
+                (rows.into_pyarray(py), targets.into_pyarray(py), ps.k)
+            });
             self.obj
-                .call_method1(py, "launch", (plan_obj, tabs, resumed))
+                .call_method1(py, "launch", (plan_obj, tabs, resumed, masks, scoring))
                 .map_err(|e| exec_err(py, e))?;
             Ok(())
         })
     }
 
-    fn collect(&mut self) -> Result<&[i32], ExecError> {
-        let out = Python::attach(|py| -> Result<Vec<i32>, ExecError> {
+    fn collect(&mut self) -> Result<&StepOutput, ExecError> {
+        let out = &mut self.out;
+        Python::attach(|py| -> Result<(), ExecError> {
             let r = self
                 .obj
                 .call_method0(py, "collect")
                 .map_err(|e| exec_err(py, e))?;
-            let arr = r.bind(py).cast::<PyArray1<i32>>().map_err(|_| {
-                ExecError("executor.collect() must return a 1-D int32 numpy array".into())
-            })?;
-            let v = arr
-                .readonly()
-                .as_slice()
-                .map(<[i32]>::to_vec)
-                .map_err(|e| ExecError(e.to_string()));
-            v
+            read_output(r.bind(py), out)
         })?;
-        self.sampled = out;
-        Ok(&self.sampled)
+        Ok(&self.out)
     }
 }
 
@@ -160,7 +172,11 @@ impl Executor for PyStepExecutor {
     loops, *, tokenizer_file, eos_token_ids, bos_token_id, host, port, served_model_names, max_model_len,
     vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
     max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
-    on_ready = None
+    on_ready = None, chat_template = None, special_tokens = Vec::new(), trust_request_chat_template = false,
+    chat_template_timeout = 2.0, sampling_defaults = Vec::new(), compat_metric_names = false,
+    allowed_origins = Vec::new(), return_tokens_as_token_ids = false, version = None,
+    cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
+    structured_outputs_config = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -181,6 +197,19 @@ pub fn serve_http(
     metrics_prefix: String,
     max_consecutive_failures: u32,
     on_ready: Option<Py<PyAny>>,
+    chat_template: Option<String>,
+    special_tokens: Vec<(String, String)>,
+    trust_request_chat_template: bool,
+    chat_template_timeout: f64,
+    sampling_defaults: Vec<(String, f64)>,
+    compat_metric_names: bool,
+    allowed_origins: Vec<String>,
+    return_tokens_as_token_ids: bool,
+    version: Option<String>,
+    cache_config_info: Vec<(String, String)>,
+    kv_sharing_fast_prefill: bool,
+    max_logprobs: u32,
+    structured_outputs_config: Option<Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -203,7 +232,7 @@ pub fn serve_http(
             obj: executor,
             num_groups,
             block_size,
-            sampled: Vec::new(),
+            out: StepOutput::default(),
         };
         let engine = yoco_server::EngineHandle::start(
             LoopConfig {
@@ -227,10 +256,60 @@ pub fn serve_http(
     cfg.max_request_body_bytes = max_request_body_bytes;
     cfg.metrics_prefix = metrics_prefix;
     cfg.bos_token_id = bos_token_id;
+    cfg.chat_template = chat_template;
+    let tok_of = |k: &str| {
+        special_tokens
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    cfg.special_tokens = SpecialTokens {
+        bos: tok_of("bos_token"),
+        eos: tok_of("eos_token"),
+        pad: tok_of("pad_token"),
+        unk: tok_of("unk_token"),
+    };
+    cfg.trust_request_chat_template = trust_request_chat_template;
+    if !(chat_template_timeout.is_finite() && chat_template_timeout >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "chat_template_timeout must be >= 0 seconds, got {chat_template_timeout}"
+        )));
+    }
+    cfg.chat_template_timeout = std::time::Duration::from_secs_f64(chat_template_timeout);
+    let mut d = SamplingDefaults::default();
+    for (k, v) in sampling_defaults {
+        match k.as_str() {
+            "temperature" => d.temperature = Some(v),
+            "top_p" => d.top_p = Some(v),
+            "top_k" => d.top_k = Some(v as i64),
+            "min_p" => d.min_p = Some(v),
+            _ => {}
+        }
+    }
+    cfg.sampling_defaults = d;
+    cfg.compat_metric_names = compat_metric_names;
+    cfg.allowed_origins = allowed_origins;
+    cfg.return_tokens_as_token_ids = return_tokens_as_token_ids;
+    if let Some(v) = version {
+        cfg.version = v;
+    }
+    cfg.cache_config_info = cache_config_info;
+    cfg.kv_sharing_fast_prefill = kv_sharing_fast_prefill;
+    cfg.max_logprobs = max_logprobs;
+    cfg.structured = structured_config(structured_outputs_config.as_ref(), &eos_token_ids)?;
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|e| PyValueError::new_err(format!("bad address {host}:{port}: {e}")))?;
+    // A chat template that does not compile is a start-up error (before the ready line).
+    let app = match yoco_server::try_router(cfg, engines, tok) {
+        Ok(app) => app,
+        Err(e) => {
+            py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));
+            return Err(PyValueError::new_err(e));
+        }
+    };
     let result = py.detach(move || -> Result<(), String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -246,7 +325,6 @@ pub fn serve_http(
                 Python::attach(|py| cb.call1(py, (format!("http://{bound}"),)).map(|_| ()))
                     .map_err(|e| e.to_string())?;
             }
-            let app = yoco_server::router(cfg, engines, tok);
             yoco_server::serve_router(listener, app, async {
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -188,6 +188,7 @@ pub fn random_workload(seed: u64, spec: &WorkloadSpec) -> Workload {
         } else {
             rng.below(3) as u32
         },
+        max_num_encoder_input_tokens: 8192,
         token_capture_sizes: if capture {
             capture_sizes(budget)
         } else {

@@ -86,6 +86,7 @@ fn workload(
         long_prefill_token_threshold: 0,
         policy: Policy::Fcfs,
         max_admission_skips: 16,
+        max_num_encoder_input_tokens: 8192,
         token_capture_sizes: vec![],
         cross_capture_sizes: vec![],
     };

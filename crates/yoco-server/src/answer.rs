@@ -11,6 +11,7 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::logprobs_json::{echo_and_output, prompt_logprobs_json, CompletionLogprobs, TokenText};
 use crate::openai::{usage, ApiError};
 use crate::output::{Event, Finished, StopReason};
 
@@ -21,6 +22,14 @@ pub(crate) struct Ctx {
     pub n: usize,
     pub prompt_lens: Vec<u64>,
     pub echo: Vec<Option<String>>,
+    /// Per prompt: its ids when `echo` shows them with logprobs.
+    pub echo_ids: Vec<Option<Vec<u32>>>,
+    /// The request asked for `logprobs`.
+    pub logprobs: bool,
+    /// The request asked for `prompt_logprobs` (each choice carries them).
+    pub prompt_logprobs: bool,
+    /// Token texts of the logprobs (`return_tokens_as_token_ids` or decoded).
+    pub text: TokenText,
 }
 
 impl Ctx {
@@ -30,6 +39,26 @@ impl Ctx {
             Some(StopReason::Token(t)) => json!(t),
             None => Value::Null,
         }
+    }
+
+    /// A choice's `logprobs` (null unless asked): the echoed prompt's block first when `head`.
+    fn logprobs(
+        &mut self,
+        lp: &mut CompletionLogprobs,
+        prompt: usize,
+        head: bool,
+        plp: Option<&crate::output::PromptLogprobs>,
+        tokens: &[u32],
+        logprobs: &[crate::output::TokenLogprob],
+    ) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let echo = match (&self.echo_ids[prompt], head) {
+            (Some(ids), true) => Some((ids.as_slice(), plp)),
+            _ => None,
+        };
+        echo_and_output(lp, &mut self.text, echo, tokens, logprobs)
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
@@ -60,6 +89,7 @@ struct StreamState {
     started: Vec<bool>,
     generated: Vec<u64>,
     cached: Vec<u64>,
+    lps: Vec<CompletionLogprobs>,
     include_usage: bool,
     continuous: bool,
     done: bool,
@@ -77,12 +107,24 @@ impl StreamState {
         let prompt = idx / self.ctx.n;
         let first = !self.started[idx];
         self.started[idx] = true;
-        let (mut text, finish, stop_reason) = match ev {
-            Event::Delta { token_id, text } => {
+        let (mut text, finish, stop_reason, tokens, logprobs, plp) = match ev {
+            Event::Delta {
+                token_id,
+                text,
+                logprob,
+                prompt_logprobs,
+            } => {
                 self.generated[idx] += token_id.is_some() as u64;
-                (text, Value::Null, Value::Null)
+                (
+                    text,
+                    Value::Null,
+                    Value::Null,
+                    token_id.into_iter().collect::<Vec<u32>>(),
+                    logprob.into_iter().collect::<Vec<_>>(),
+                    prompt_logprobs,
+                )
             }
-            Event::Finished(f) => {
+            Event::Finished(mut f) => {
                 self.generated[idx] = f.completion_tokens as u64;
                 self.cached[prompt] = self.cached[prompt].max(f.cached_tokens as u64);
                 if let Some(err) = &f.error {
@@ -94,21 +136,33 @@ impl StreamState {
                     return;
                 }
                 (
-                    f.text.clone(),
+                    std::mem::take(&mut f.text),
                     json!(f.reason.as_str()),
                     Ctx::stop_reason(&f),
+                    std::mem::take(&mut f.token_ids),
+                    std::mem::take(&mut f.logprobs),
+                    f.prompt_logprobs.take(),
                 )
             }
         };
+        let mut lp = std::mem::take(&mut self.lps[idx]);
+        let logprobs = self
+            .ctx
+            .logprobs(&mut lp, prompt, first, plp.as_ref(), &tokens, &logprobs);
+        self.lps[idx] = lp;
         if first {
             if let Some(p) = &self.ctx.echo[prompt] {
                 text = format!("{p}{text}");
             }
         }
-        let choice = json!([{"index": idx, "text": text, "logprobs": null,
-                             "finish_reason": finish, "stop_reason": stop_reason}]);
+        let mut choice = json!({"index": idx, "text": text, "logprobs": logprobs,
+                                "finish_reason": finish, "stop_reason": stop_reason});
+        if first && self.ctx.prompt_logprobs {
+            choice["prompt_logprobs"] = prompt_logprobs_json(&mut self.ctx.text, plp.as_ref());
+        }
         let u = self.continuous.then(|| self.usage_of(prompt));
-        self.pending.push_back(self.ctx.chunk(choice, u));
+        self.pending
+            .push_back(self.ctx.chunk(Value::Array(vec![choice]), u));
     }
 
     fn finish(&mut self) {
@@ -144,6 +198,7 @@ pub(crate) fn stream_response(
         started: vec![false; total],
         generated: vec![0; total],
         cached: vec![0; prompts],
+        lps: (0..total).map(|_| CompletionLogprobs::default()).collect(),
         include_usage,
         continuous: include_usage && continuous,
         done: false,
@@ -173,7 +228,7 @@ pub(crate) fn stream_response(
 }
 
 pub(crate) async fn final_response(
-    ctx: Ctx,
+    mut ctx: Ctx,
     subs: Vec<(usize, UnboundedReceiver<Event>)>,
 ) -> Result<Response, ApiError> {
     let mut fins: Vec<(usize, Finished)> = Vec::with_capacity(subs.len());
@@ -203,20 +258,25 @@ pub(crate) async fn final_response(
     fins.sort_by_key(|(i, _)| *i);
     let mut cached = vec![0u64; ctx.prompt_lens.len()];
     let mut completion = 0u64;
-    let choices: Vec<Value> = fins
-        .iter()
-        .map(|(idx, f)| {
-            let p = idx / ctx.n;
-            cached[p] = cached[p].max(f.cached_tokens as u64);
-            completion += f.completion_tokens as u64;
-            let text = match &ctx.echo[p] {
-                Some(e) => format!("{e}{}", f.text),
-                None => f.text.clone(),
-            };
-            json!({"index": idx, "text": text, "logprobs": null, "finish_reason": f.reason.as_str(),
-                   "stop_reason": Ctx::stop_reason(f)})
-        })
-        .collect();
+    let mut choices: Vec<Value> = Vec::with_capacity(fins.len());
+    for (idx, f) in &fins {
+        let p = idx / ctx.n;
+        cached[p] = cached[p].max(f.cached_tokens as u64);
+        completion += f.completion_tokens as u64;
+        let text = match &ctx.echo[p] {
+            Some(e) => format!("{e}{}", f.text),
+            None => f.text.clone(),
+        };
+        let plp = f.prompt_logprobs.as_ref();
+        let mut lp = CompletionLogprobs::default();
+        let logprobs = ctx.logprobs(&mut lp, p, true, plp, &f.token_ids, &f.logprobs);
+        let mut choice = json!({"index": idx, "text": text, "logprobs": logprobs,
+                                "finish_reason": f.reason.as_str(), "stop_reason": Ctx::stop_reason(f)});
+        if ctx.prompt_logprobs {
+            choice["prompt_logprobs"] = prompt_logprobs_json(&mut ctx.text, plp);
+        }
+        choices.push(choice);
+    }
     let prompt: u64 = ctx.prompt_lens.iter().sum();
     let body = json!({"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
                       "choices": choices, "usage": usage(prompt, completion, cached.iter().sum())});

@@ -3,8 +3,8 @@
 //! Every handler runs on tokio's workers, never on the step loop's thread; tokenizing a long prompt
 //! moves to the blocking pool so the accept path stays responsive.
 
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -14,12 +14,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use yoco_grammar::GrammarCompiler;
 use yoco_text::Tokenizer;
 
 use crate::completions;
 use crate::dispatch::Engines;
+use crate::front_metrics::{count_http, FrontMetrics};
 use crate::metrics;
 use crate::openai::ApiError;
+pub use crate::structured::StructuredConfig;
+use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
+use crate::{chat, cors, render, tokenize};
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
 #[derive(Clone)]
@@ -45,6 +50,48 @@ pub struct AppConfig {
     /// Prepended to text prompts that do not start with it (the checkpoint's `add_bos_token`; Gemma's
     /// `tokenizer.json` does not add it itself). None: text is encoded as the tokenizer does.
     pub bos_token_id: Option<u32>,
+    /// The chat template (`--chat-template`, else the checkpoint's); None: chat needs a trusted
+    /// request template.
+    pub chat_template: Option<String>,
+    /// `bos_token`, `eos_token`... as templates see them.
+    pub special_tokens: SpecialTokens,
+    /// Accept `chat_template` in requests (`--trust-request-chat-template`).
+    pub trust_request_chat_template: bool,
+    /// Time one chat-template rendering may take (`--chat-template-timeout`).
+    pub chat_template_timeout: Duration,
+    /// Sampling defaults for fields a request leaves unset (`generation_config.json`).
+    pub sampling_defaults: SamplingDefaults,
+    /// Also publish vLLM's deprecated metric names (`--compat-metric-names`).
+    pub compat_metric_names: bool,
+    /// Browser origins CORS allows (`--allowed-origins`); empty: no CORS headers.
+    pub allowed_origins: Vec<String>,
+    /// What `/version` answers.
+    pub version: String,
+    /// The `cache_config_info` metric's labels (name, value), sorted by name.
+    pub cache_config_info: Vec<(String, String)>,
+    /// The executor runs the cross-decoder only on rows whose logits are needed (YOCO fast prefill);
+    /// without it every scheduled token is a cross-decoder row (`yoco:cross_decoder_rows`).
+    pub kv_sharing_fast_prefill: bool,
+    /// Largest `logprobs` / `prompt_logprobs` (`--max-logprobs`).
+    pub max_logprobs: u32,
+    /// Logprob tokens as `token_id:N` for every request (`--return-tokens-as-token-ids`).
+    pub return_tokens_as_token_ids: bool,
+    /// Structured outputs: EOS ids, compile budgets, compact JSON (`--structured-outputs-config`).
+    pub structured: StructuredConfig,
+}
+
+/// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
+/// request that leaves them unset).
+#[derive(Debug, Clone, Default)]
+pub struct SamplingDefaults {
+    /// Temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    pub top_p: Option<f64>,
+    /// Top-k.
+    pub top_k: Option<i64>,
+    /// Min-p.
+    pub min_p: Option<f64>,
 }
 
 impl AppConfig {
@@ -61,7 +108,26 @@ impl AppConfig {
             metrics_prefix: "yoco".into(),
             max_stop_strings: 64,
             bos_token_id: None,
+            chat_template: None,
+            special_tokens: SpecialTokens::default(),
+            trust_request_chat_template: false,
+            chat_template_timeout: Duration::from_secs(2),
+            sampling_defaults: SamplingDefaults::default(),
+            compat_metric_names: false,
+            allowed_origins: Vec::new(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            cache_config_info: Vec::new(),
+            kv_sharing_fast_prefill: true,
+            max_logprobs: 20,
+            return_tokens_as_token_ids: false,
+            structured: StructuredConfig::default(),
         }
+    }
+
+    /// A text longer than this many bytes cannot fit the context (a token is at most 32 bytes of
+    /// text here): refused without tokenizing it; also the chat template's output cap.
+    pub fn max_prompt_bytes(&self) -> usize {
+        32 * self.max_model_len as usize
     }
 }
 
@@ -71,6 +137,10 @@ pub(crate) struct AppState {
     pub engines: Engines,
     pub tok: Tokenizer,
     pub started_at: u64,
+    pub templates: ChatTemplates,
+    pub front: FrontMetrics,
+    /// The grammar compiler, built on the first constrained request (`structured.rs`).
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
 }
 
 impl AppState {
@@ -81,45 +151,106 @@ impl AppState {
             Some(m) if self.cfg.served_model_names.iter().any(|n| n == m) => Ok(m.to_string()),
             Some(m) => Err(ApiError {
                 status: StatusCode::NOT_FOUND,
-                message: format!("The model `{m}` does not exist."),
+                message: format!(
+                    "The model `{m}` does not exist. This server serves: {}.",
+                    self.cfg.served_model_names.join(", ")
+                ),
                 param: Some("model".into()),
             }),
         }
     }
+
+    /// 503 once every step loop has stopped.
+    pub fn ensure_serving(&self) -> Result<(), ApiError> {
+        if self.engines.all_dead() {
+            return Err(ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The engine is not running.",
+            ));
+        }
+        Ok(())
+    }
 }
 
-/// The router over running step loops (one, or `--data-parallel-size` of them).
+/// The router over running step loops (one, or `--data-parallel-size` of them). Panics when the
+/// chat template does not compile; [`try_router`] says why instead.
 pub fn router(cfg: AppConfig, engines: impl Into<Engines>, tok: Tokenizer) -> Router {
+    try_router(cfg, engines, tok).expect("the server's configuration")
+}
+
+/// [`router`], or why the configuration cannot serve (a chat template that does not compile).
+pub fn try_router(
+    cfg: AppConfig,
+    engines: impl Into<Engines>,
+    tok: Tokenizer,
+) -> Result<Router, String> {
     let limit = cfg.max_request_body_bytes;
+    let budget = TemplateBudget::for_output(cfg.max_prompt_bytes(), cfg.chat_template_timeout);
+    let templates = ChatTemplates::new(
+        cfg.chat_template.as_deref(),
+        cfg.special_tokens.clone(),
+        budget,
+    )?;
+    let origins = cfg.allowed_origins.clone();
     let state = Arc::new(AppState {
         cfg,
         engines: engines.into(),
         tok,
+        grammar: OnceLock::new(),
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
+        templates,
+        front: FrontMetrics::default(),
     });
     let api = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
-        .route("/v1/chat/completions", post(not_yet))
-        .route("/v1/completions/render", post(not_yet))
-        .route("/v1/chat/completions/render", post(not_yet))
+        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/completions/render", post(render::completion))
+        .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/audio/transcriptions", post(not_yet))
-        .route("/tokenize", post(not_yet))
-        .route("/detokenize", post(not_yet))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
+    let mut app = Router::new()
         .merge(api)
         .route("/health", get(health))
         .route("/ping", get(health))
+        .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(middleware::from_fn(json_only))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(state.clone(), count_http));
+    if !origins.is_empty() {
+        app = app.layer(middleware::from_fn_with_state(
+            Arc::new(origins),
+            cors::cors,
+        ));
+    }
+    Ok(app.layer(middleware::from_fn(request_id)).with_state(state))
+}
+
+/// Echoes the client's `X-Request-Id` (or a fresh one) on every response, as the Python server.
+async fn request_id(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .cloned()
+        .unwrap_or_else(|| {
+            axum::http::HeaderValue::from_str(&completions::uuid_like())
+                .expect("hex is a header value")
+        });
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert("x-request-id", id);
+    resp
+}
+
+async fn version(State(s): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({"version": s.cfg.version}))
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves. Connections get `TCP_NODELAY`: an SSE
@@ -227,7 +358,8 @@ async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Respon
 
 async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
     let stats: Vec<&crate::stats::Stats> = s.engines.loops().iter().map(|l| &**l.stats()).collect();
-    let body = metrics::render(&s.cfg.metrics_prefix, &s.cfg.served_model_names[0], &stats);
+    let mut body = metrics::render(&s.cfg.metrics_prefix, &s.cfg.served_model_names[0], &stats);
+    metrics::render_parity(&mut body, &s.cfg, &stats, &s.front);
     (
         [(
             header::CONTENT_TYPE,

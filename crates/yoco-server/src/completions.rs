@@ -3,6 +3,9 @@
 //! Choice `index` is `prompt_index * n + sample_index` (OpenAI's layout); `usage` counts each prompt
 //! once and every generated token; `prompt_tokens_details.cached_tokens` is the prefix-cache hit.
 //! A dropped connection drops the requests' channels, which aborts them in the step loop.
+//! Logprobs (`logprobs`, `echo` with logprobs, `prompt_logprobs`, `return_tokens_as_token_ids`) are
+//! formatted as the Python server does (`logprobs_json.rs`); a structured-output constraint is
+//! compiled once per request before anything is submitted.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,9 +18,11 @@ use axum::response::{IntoResponse, Response};
 
 use crate::answer::{final_response, stream_response, Ctx};
 use crate::app::{parse_json, AppState};
+use crate::logprobs_json::TokenText;
 use crate::openai::{ApiError, CompletionRequest};
 use crate::params::GenParams;
-use crate::validate::{gen_params, prompts, refuse_unserved};
+use crate::structured::{compile, constraint_of, ConstraintFields};
+use crate::validate::{check_n, gen_params, prompts, refuse_unserved, Prompt};
 
 pub(crate) async fn create(
     State(s): State<Arc<AppState>>,
@@ -29,35 +34,45 @@ pub(crate) async fn create(
     }
 }
 
-async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse_json(body)?;
+/// What a completions request runs: the served name, the prompts, one choice's parameters per
+/// prompt, and `n` (what `/v1/completions/render` shows, too).
+pub(crate) async fn completion_inputs(
+    s: &Arc<AppState>,
+    req: &CompletionRequest,
+) -> Result<(String, Vec<Prompt>, Vec<GenParams>, u32), ApiError> {
     let model = s.check_model(req.model.as_deref())?;
-    if s.engines.all_dead() {
-        return Err(ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The engine is not running.",
-        ));
-    }
-    refuse_unserved(&req)?;
-    let n = match req.n {
-        None => 1,
-        Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => n as u32,
-        Some(n) => {
-            return Err(ApiError::bad(
-                format!(
-                    "n must be in [1, {}] (the server's --max-n), got {n}",
-                    s.cfg.max_n
-                ),
-                Some("n"),
-            ))
-        }
-    };
-    let prompts = prompts(&s, req.prompt.clone()).await?;
+    s.ensure_serving()?;
+    refuse_unserved(req)?;
+    let n = check_n(s, req.n)?;
+    let prompts = prompts(s, req.prompt.clone()).await?;
     let stream = req.stream.unwrap_or(false);
     let params: Vec<GenParams> = prompts
         .iter()
-        .map(|p| gen_params(&s, &req, &p.ids, stream))
+        .map(|p| gen_params(s, req, &p.ids, stream))
         .collect::<Result<_, _>>()?;
+    Ok((model, prompts, params, n))
+}
+
+async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_json(body)?;
+    let (model, prompts, mut params, n) = completion_inputs(&s, &req).await?;
+    let stream = req.stream.unwrap_or(false);
+    s.front.observe_params(n, params[0].max_tokens);
+    let fields = ConstraintFields {
+        response_format: req.response_format.as_ref(),
+        structured_outputs: req.structured_outputs.as_ref(),
+        guided_json: req.guided_json.as_ref(),
+        guided_regex: req.guided_regex.as_ref(),
+        guided_choice: req.guided_choice.as_ref(),
+        guided_grammar: req.guided_grammar.as_ref(),
+    };
+    if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
+        // Compiled once (off the loop, under the budget); every completion forks its own matcher.
+        let g = compile(&s, c).await?;
+        for p in &mut params {
+            p.grammar = Some(g.clone());
+        }
+    }
     let mut subs = Vec::with_capacity(prompts.len() * n as usize);
     for (i, p) in params.iter().enumerate() {
         for j in 0..n {
@@ -74,7 +89,13 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
             subs.push((i * n as usize + j as usize, rx));
         }
     }
-    let echo: Vec<Option<String>> = if req.echo.unwrap_or(false) {
+    let logprobs = req.logprobs.is_some();
+    let echo_on = req.echo.unwrap_or(false);
+    let echo_ids: Vec<Option<Vec<u32>>> = prompts
+        .iter()
+        .map(|p| (echo_on && logprobs).then(|| p.ids.clone()))
+        .collect();
+    let echo: Vec<Option<String>> = if echo_on {
         prompts
             .iter()
             .map(|p| p.text.clone().or_else(|| s.tok.decode(&p.ids, false).ok()))
@@ -92,6 +113,13 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         n: n as usize,
         prompt_lens: prompts.iter().map(|p| p.ids.len() as u64).collect(),
         echo,
+        echo_ids,
+        logprobs,
+        prompt_logprobs: req.prompt_logprobs.is_some(),
+        text: TokenText::new(
+            s.clone(),
+            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+        ),
     };
     if stream {
         let opts = req.stream_options.clone().unwrap_or_default();
@@ -106,8 +134,16 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
     }
 }
 
+/// Unix seconds (the `created` of responses).
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// A random-enough request id without a uuid dependency: time and a process-wide counter, mixed.
-fn uuid_like() -> String {
+pub(crate) fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let t = SystemTime::now()

@@ -165,12 +165,15 @@ pub struct CompletionRequest {
     /// Prepend the prompt to the output.
     #[serde(default)]
     pub echo: Option<bool>,
-    /// Logprobs of sampled tokens (not served by this front end yet).
+    /// Logprobs of each sampled token, with this many most likely alternatives.
     #[serde(default)]
-    pub logprobs: Option<Value>,
-    /// Prompt logprobs (not served yet).
+    pub logprobs: Option<i64>,
+    /// vLLM's: logprobs of each prompt position, with this many alternatives.
     #[serde(default)]
-    pub prompt_logprobs: Option<Value>,
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM's: logprob tokens as `token_id:N`.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
     /// Best-of (not served).
     #[serde(default)]
     pub best_of: Option<Value>,
@@ -180,21 +183,33 @@ pub struct CompletionRequest {
     /// Logit bias (not served yet).
     #[serde(default)]
     pub logit_bias: Option<Value>,
-    /// Presence penalty (not served yet).
+    /// OpenAI's presence penalty, [-2, 2].
     #[serde(default)]
     pub presence_penalty: Option<f64>,
-    /// Frequency penalty (not served yet).
+    /// OpenAI's frequency penalty, [-2, 2].
     #[serde(default)]
     pub frequency_penalty: Option<f64>,
-    /// Repetition penalty (not served yet).
+    /// vLLM's repetition penalty (> 0, 1 = off).
     #[serde(default)]
     pub repetition_penalty: Option<f64>,
-    /// Structured outputs (not served yet by this front end).
+    /// OpenAI's structured outputs (`text`, `json_object`, `json_schema`).
     #[serde(default)]
     pub response_format: Option<Value>,
-    /// vLLM's structured outputs object (not served yet by this front end).
+    /// vLLM's structured outputs object (`json`, `regex`, `choice`, `grammar`, `json_object`).
     #[serde(default)]
     pub structured_outputs: Option<Value>,
+    /// vLLM's older spelling: a JSON Schema.
+    #[serde(default)]
+    pub guided_json: Option<Value>,
+    /// vLLM's older spelling: a regex.
+    #[serde(default)]
+    pub guided_regex: Option<Value>,
+    /// vLLM's older spelling: a list of choices.
+    #[serde(default)]
+    pub guided_choice: Option<Value>,
+    /// vLLM's older spelling: a Lark grammar.
+    #[serde(default)]
+    pub guided_grammar: Option<Value>,
 }
 
 /// OpenAI's `usage`, with the prefix-cache hit as `prompt_tokens_details.cached_tokens`.

@@ -1,5 +1,7 @@
 //! What the step loop sends down a request's channel.
 
+pub use crate::logprobs::{PromptLogprobs, TokenLogprob};
+
 /// Why a request ended, as the OpenAI API names it (`abort` is yoco/vLLM's extra).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -42,6 +44,10 @@ pub enum Event {
         token_id: Option<u32>,
         /// New text.
         text: String,
+        /// The token's logprobs (requests that asked for `logprobs`).
+        logprob: Option<TokenLogprob>,
+        /// The prompt's logprobs, on the request's first event (requests that asked).
+        prompt_logprobs: Option<PromptLogprobs>,
     },
     /// The request ended; nothing follows.
     Finished(Finished),
@@ -58,6 +64,10 @@ pub struct Finished {
     pub text: String,
     /// Output token ids not yet delivered (all of them for non-streaming requests).
     pub token_ids: Vec<u32>,
+    /// Logprobs of those tokens, one per id, when the request asked for `logprobs`.
+    pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's logprobs, unless an earlier event carried them (requests that asked).
+    pub prompt_logprobs: Option<PromptLogprobs>,
     /// Prompt tokens.
     pub prompt_tokens: u32,
     /// Output tokens in total.

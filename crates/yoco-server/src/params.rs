@@ -1,5 +1,7 @@
 //! What the step loop needs of one request, validated by the front end before it is submitted.
 
+pub use crate::grammar_rows::Grammar;
+
 /// Sampling fields the executor applies on the device (the step loop only carries them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingFields {
@@ -13,6 +15,13 @@ pub struct SamplingFields {
     pub min_p: f32,
     /// Per-request generator seed (None: derived by the executor).
     pub seed: Option<u64>,
+    /// OpenAI's: subtracted once from the logit of every token already generated, [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI's: subtracted per occurrence in the generated tokens, [-2, 2].
+    pub frequency_penalty: f32,
+    /// Hugging Face's (> 0, 1 = off): logits of tokens in the prompt or the output are divided by
+    /// it when positive, multiplied when negative.
+    pub repetition_penalty: f32,
 }
 
 impl Default for SamplingFields {
@@ -23,6 +32,9 @@ impl Default for SamplingFields {
             top_k: 0,
             min_p: 0.0,
             seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -54,4 +66,11 @@ pub struct GenParams {
     pub priority: i32,
     /// Carried to the executor.
     pub sampling: SamplingFields,
+    /// Logprobs of each sampled token with this many most likely alternatives (`logprobs`).
+    pub logprobs: Option<u32>,
+    /// Logprobs of each prompt position with this many alternatives (vLLM's `prompt_logprobs`;
+    /// also `echo` with `logprobs`).
+    pub prompt_logprobs: Option<u32>,
+    /// The output's constraint (structured outputs), compiled.
+    pub grammar: Option<Grammar>,
 }

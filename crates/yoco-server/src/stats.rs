@@ -3,6 +3,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::hist::{Hist, ITL_BUCKETS, LATENCY_BUCKETS, TOKEN_BUCKETS, TTFT_BUCKETS};
 
 /// Upper bounds (seconds) of the step-period histogram: 50 µs to 1 s, ~19% apart, fine enough for
 /// p50/p99 read off the buckets to within one bucket.
@@ -48,6 +51,14 @@ pub struct Stats {
     pub finished: [AtomicU64; 3],
     /// The loop stopped (executor failed too often, or shut down): the server answers 503.
     pub dead: AtomicBool,
+    /// The KV pool and prefix cache as the core counts them (`yoco:` series).
+    pub kv: KvFigures,
+    /// Tokens scheduled through the self-decoder (`yoco:scheduled_tokens`).
+    pub scheduled_tokens: AtomicU64,
+    /// Rows the plans ran through the cross-decoder (`yoco:cross_decoder_rows`).
+    pub cross_rows: AtomicU64,
+    /// Per-request and per-step histograms, vLLM's names.
+    pub hists: LoopHists,
     step_hist: Vec<AtomicU64>,
     step_sum_ns: AtomicU64,
     trace: Mutex<Vec<u32>>,
@@ -69,6 +80,10 @@ impl Default for Stats {
             preemptions: AtomicU64::new(0),
             finished: Default::default(),
             dead: AtomicBool::new(false),
+            kv: KvFigures::default(),
+            scheduled_tokens: AtomicU64::new(0),
+            cross_rows: AtomicU64::new(0),
+            hists: LoopHists::default(),
             step_hist: (0..=STEP_BUCKETS.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -111,5 +126,142 @@ impl Stats {
     pub fn take_step_trace(&self) -> Vec<u32> {
         self.tracing.store(true, Relaxed);
         std::mem::take(&mut *self.trace.lock().unwrap())
+    }
+}
+
+/// The core's KV figures beyond the gauges above, copied each step.
+#[derive(Debug, Default)]
+pub struct KvFigures {
+    /// Usable blocks.
+    pub blocks_total: AtomicU64,
+    /// Blocks held by requests.
+    pub blocks_used: AtomicU64,
+    /// Free blocks (cached ones included).
+    pub blocks_free: AtomicU64,
+    /// Free blocks still holding a cached prefix.
+    pub blocks_cached: AtomicU64,
+    /// Sub-block copy-on-match operations.
+    pub copies: AtomicU64,
+    /// Tokens those copies moved.
+    pub copied_tokens: AtomicU64,
+    /// Partial blocks adopted instead of copied.
+    pub adoptions: AtomicU64,
+}
+
+/// vLLM's request histograms (`time_to_first_token_seconds` ...), as the Python engine observes
+/// them: from the loop's arrival of a request, its first admission, its first and later tokens, and
+/// its end.
+#[derive(Debug)]
+pub struct LoopHists {
+    /// Arrival to first token.
+    pub ttft: Hist,
+    /// Between two tokens of a request.
+    pub itl: Hist,
+    /// Arrival to end.
+    pub e2e: Hist,
+    /// Arrival to first admission.
+    pub queue: Hist,
+    /// First admission to first token.
+    pub prefill: Hist,
+    /// First token to last token.
+    pub decode: Hist,
+    /// Prompt tokens per finished request.
+    pub prompt_tokens: Hist,
+    /// Generated tokens per finished request.
+    pub generation_tokens: Hist,
+    /// Tokens per step.
+    pub iteration_tokens: Hist,
+}
+
+impl Default for LoopHists {
+    fn default() -> Self {
+        Self {
+            ttft: Hist::new(TTFT_BUCKETS),
+            itl: Hist::new(ITL_BUCKETS),
+            e2e: Hist::new(LATENCY_BUCKETS),
+            queue: Hist::new(LATENCY_BUCKETS),
+            prefill: Hist::new(LATENCY_BUCKETS),
+            decode: Hist::new(LATENCY_BUCKETS),
+            prompt_tokens: Hist::new(TOKEN_BUCKETS),
+            generation_tokens: Hist::new(TOKEN_BUCKETS),
+            iteration_tokens: Hist::new(TOKEN_BUCKETS),
+        }
+    }
+}
+
+/// The moments of one request the histograms are made of (kept by the loop per live request).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RequestTimes {
+    arrival: Instant,
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl RequestTimes {
+    pub(crate) fn new(arrival: Instant) -> Self {
+        Self {
+            arrival,
+            scheduled: None,
+            first_token: None,
+            last_token: None,
+        }
+    }
+}
+
+impl Stats {
+    /// A plan ran: its scheduled tokens and cross-decoder rows.
+    pub(crate) fn observe_plan(&self, num_tokens: u32, num_cross: u32) {
+        self.scheduled_tokens.fetch_add(num_tokens as u64, Relaxed);
+        self.cross_rows.fetch_add(num_cross as u64, Relaxed);
+        self.hists.iteration_tokens.observe(num_tokens as f64);
+    }
+
+    /// The request was admitted for the first time at `now`.
+    pub(crate) fn observe_admitted(&self, t: &mut RequestTimes, now: Instant) {
+        if t.scheduled.is_none() {
+            t.scheduled = Some(now);
+        }
+    }
+
+    /// The request got a token at `now`: its TTFT, or an inter-token gap.
+    pub(crate) fn observe_token(&self, t: &mut RequestTimes, now: Instant) {
+        match t.last_token {
+            None => {
+                t.first_token = Some(now);
+                self.hists.ttft.observe((now - t.arrival).as_secs_f64());
+            }
+            Some(prev) => self.hists.itl.observe((now - prev).as_secs_f64()),
+        }
+        t.last_token = Some(now);
+    }
+
+    /// The request ended at `now` with these token counts.
+    pub(crate) fn observe_end(&self, t: &RequestTimes, now: Instant, prompt: u32, generated: u32) {
+        let h = &self.hists;
+        h.e2e.observe((now - t.arrival).as_secs_f64());
+        if let Some(s) = t.scheduled {
+            h.queue.observe((s - t.arrival).as_secs_f64());
+            if let Some(f) = t.first_token {
+                h.prefill.observe((f.max(s) - s).as_secs_f64());
+            }
+        }
+        if let (Some(f), Some(l)) = (t.first_token, t.last_token) {
+            h.decode.observe((l - f).as_secs_f64());
+        }
+        h.prompt_tokens.observe(prompt as f64);
+        h.generation_tokens.observe(generated as f64);
+    }
+
+    /// The core's KV figures after a step.
+    pub(crate) fn publish_kv(&self, kv: &yoco_core::kv::KvMetrics) {
+        let k = &self.kv;
+        k.blocks_total.store(kv.blocks_total, Relaxed);
+        k.blocks_used.store(kv.blocks_used, Relaxed);
+        k.blocks_free.store(kv.blocks_free, Relaxed);
+        k.blocks_cached.store(kv.blocks_cached, Relaxed);
+        k.copies.store(kv.copies, Relaxed);
+        k.copied_tokens.store(kv.copied_tokens, Relaxed);
+        k.adoptions.store(kv.adoptions, Relaxed);
     }
 }

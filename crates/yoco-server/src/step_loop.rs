@@ -3,12 +3,16 @@
 //!
 //! One iteration (step N):
 //!
-//! 1. `schedule()` → plan N; new admissions are announced to the executor.
-//! 2. `launch(plan N)`: the device starts.
+//! 1. `schedule()` → plan N; new admissions are announced to the executor. The grammar job of plan N
+//!    starts on the grammar pool (`GrammarRows::start`) and the prompt positions to score are listed
+//!    (`LogprobRows::plan`).
+//! 2. `launch(plan N)`: the device starts (the executor waits for the masks after its forward).
 //! 3. While it runs: deliver step N−1's events to the requests' channels, take new submissions into
 //!    the core's waiting queue, note aborts.
-//! 4. `collect()` → sampled ids; `update()`; detokenize and match stop strings (`yoco-text`); build
-//!    step N's events (delivered in step N+1's window); apply aborts.
+//! 4. `collect()` → sampled ids and logprobs; the grammar job is collected (`GrammarRows::finish`);
+//!    `update()`; the accepted tokens are recorded for job N+1 (`GrammarRows::record`) and the
+//!    logprobs routed (`LogprobRows::take_prompt` / `sampled`); detokenize and match stop strings
+//!    (`yoco-text`); build step N's events (delivered in step N+1's window); apply aborts.
 //!
 //! So the only loop work the device waits for between two forwards is `update` + text + `schedule`
 //! (Rust, tens of µs at 256 rows); everything per request and per token that reaches other threads
@@ -26,11 +30,13 @@ use yoco_core::kv::HashExtras;
 use yoco_core::sched::{FinishReason as CoreFinish, NewRequest, Scheduler};
 use yoco_text::{SeqOptions, TextBatch};
 
-use crate::executor::{Executor, StepInputs};
+use crate::executor::{Executor, StepInputs, StepOutput};
+use crate::grammar_rows::GrammarRows;
 use crate::handle::LoopConfig;
+use crate::logprobs::{LogprobRows, PromptLogprobs, TokenLogprob};
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
-use crate::stats::Stats;
+use crate::stats::{RequestTimes, Stats};
 
 /// What handles send the loop.
 pub(crate) enum Command {
@@ -53,6 +59,11 @@ struct Live {
     cached: u32,
     admitted: bool,
     stop: Vec<String>,
+    times: RequestTimes,
+    /// Sampled-token logprobs not yet delivered (non-streaming requests that asked).
+    logprobs: Vec<TokenLogprob>,
+    /// The prompt's logprobs once complete, until an event carries them.
+    prompt_logprobs: Option<PromptLogprobs>,
 }
 
 pub(crate) struct StepLoop {
@@ -70,7 +81,12 @@ pub(crate) struct StepLoop {
     outbox: Vec<(u64, Event, Option<UnboundedSender<Event>>)>,
     /// Requests to abort once the step in flight is collected.
     aborts: Vec<u64>,
-    sampled: Vec<i32>,
+    /// What the executor returned for the step just collected.
+    out: StepOutput,
+    /// Matchers and masks of constrained sequences (structured outputs).
+    grammar: GrammarRows,
+    /// Who asked for logprobs; each step's prompt positions to score.
+    lps: LogprobRows,
     last_step: Option<Instant>,
 }
 
@@ -82,6 +98,8 @@ impl StepLoop {
         stats: Arc<Stats>,
     ) -> Result<Self, String> {
         Ok(StepLoop {
+            grammar: GrammarRows::new(&config.eos_token_ids),
+            lps: LogprobRows::default(),
             sched: Scheduler::new(config.scheduler).map_err(|e| e.to_string())?,
             text: TextBatch::new(config.tokenizer),
             exec,
@@ -93,7 +111,7 @@ impl StepLoop {
             stats,
             outbox: Vec::new(),
             aborts: Vec::new(),
-            sampled: Vec::new(),
+            out: StepOutput::default(),
             last_step: None,
         })
     }
@@ -166,7 +184,7 @@ impl StepLoop {
         false
     }
 
-    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, _arrival: Instant) {
+    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, arrival: Instant) {
         let opts = SeqOptions {
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str,
@@ -188,7 +206,7 @@ impl StepLoop {
                 cache_salt: p.cache_salt.clone(),
                 lora: None,
             },
-            prompt_logprobs: false,
+            prompt_logprobs: p.prompt_logprobs.is_some(),
             after: None,
         };
         // The front end validated the request against the same limits; a refusal here is a bug
@@ -200,7 +218,14 @@ impl StepLoop {
                     self.sched.abort(id);
                     Some(e.to_string())
                 }
-                Ok(()) => None,
+                Ok(()) => match p.grammar.as_ref().map(|g| self.grammar.add(id, g)) {
+                    Some(Err(e)) => {
+                        self.sched.abort(id);
+                        self.text.remove(id);
+                        Some(e)
+                    }
+                    _ => None,
+                },
             },
         };
         if let Some(msg) = refused {
@@ -209,6 +234,8 @@ impl StepLoop {
                 stop_reason: None,
                 text: String::new(),
                 token_ids: Vec::new(),
+                logprobs: Vec::new(),
+                prompt_logprobs: None,
                 prompt_tokens,
                 completion_tokens: 0,
                 cached_tokens: 0,
@@ -216,6 +243,7 @@ impl StepLoop {
             }));
             return;
         }
+        let prompt_logprobs = self.lps.add(id, &p);
         self.exec.add_request(id, &p);
         self.live.insert(
             id,
@@ -227,6 +255,9 @@ impl StepLoop {
                 cached: 0,
                 admitted: false,
                 stop: p.stop,
+                times: RequestTimes::new(arrival),
+                logprobs: Vec::new(),
+                prompt_logprobs,
             },
         );
         self.stats
@@ -258,6 +289,7 @@ impl StepLoop {
             if let Some(l) = self.live.get_mut(&id) {
                 if !l.admitted {
                     l.admitted = true;
+                    self.stats.observe_admitted(&mut l.times, t0);
                     l.cached = plan.admitted_num_cached[k].max(0) as u32;
                 } else {
                     resumed.push((
@@ -270,13 +302,19 @@ impl StepLoop {
                 }
             }
         }
+        self.stats.observe_plan(plan.num_tokens, plan.num_cross);
         let ngroups = self.sched.num_groups();
         let tables: Vec<&[i32]> = (0..ngroups).map(|g| self.sched.block_table(g)).collect();
+        // Grammar masks start on the pool now and run while the forward does.
+        let masks = self.grammar.start(plan);
+        let prompt_scoring = self.lps.plan(plan);
         let launched = self.exec.launch(&StepInputs {
             plan,
             tables: &tables,
             max_blocks_per_seq: self.sched.max_blocks_per_seq(),
             resumed: &resumed,
+            masks,
+            prompt_scoring,
         });
         let num_samples = plan.num_samples();
 
@@ -285,22 +323,24 @@ impl StepLoop {
         self.reap_closed();
         let shutdown = self.drain_commands();
 
-        let result = launched.and_then(|()| self.exec.collect().map(|s| s.to_vec()));
-        match result {
-            Ok(sampled) if sampled.len() == num_samples => {
+        let result = launched.and_then(|()| self.exec.collect().map(|o| self.out.clone_from(o)));
+        self.grammar.finish();
+        let checked = result.map_err(|e| e.0).and_then(|()| {
+            if self.out.sampled.len() != num_samples {
+                return Err(format!(
+                    "executor returned {} sampled ids for {} sampling rows",
+                    self.out.sampled.len(),
+                    num_samples
+                ));
+            }
+            self.lps.check(&self.out, num_samples)
+        });
+        match checked {
+            Ok(()) => {
                 self.failures = 0;
-                self.sampled = sampled;
                 self.after_update();
             }
-            Ok(sampled) => {
-                let msg = format!(
-                    "executor returned {} sampled ids for {} sampling rows",
-                    sampled.len(),
-                    num_samples
-                );
-                self.fail_step(num_samples, msg);
-            }
-            Err(e) => self.fail_step(num_samples, e.0),
+            Err(msg) => self.fail_step(num_samples, msg),
         }
         self.stats.steps.fetch_add(1, Relaxed);
         self.apply_aborts();
@@ -309,18 +349,26 @@ impl StepLoop {
     }
 
     fn after_update(&mut self) {
-        let sampled = std::mem::take(&mut self.sampled);
+        let sampled = std::mem::take(&mut self.out.sampled);
         let outcome = match self.sched.update(&sampled) {
             Ok(o) => o.clone(),
             Err(e) => {
                 // Sampled ids out of range: the executor's bug, contained like a failed forward.
-                self.sampled = sampled;
+                self.out.sampled = sampled;
                 let msg = format!("bad sampled ids: {e}");
                 self.fail_update(msg);
                 return;
             }
         };
-        self.sampled = sampled;
+        // Outcome rows are the plan's sampling rows, in order (what the logprob rows index).
+        let aligned = outcome.req_ids.len() == sampled.len();
+        self.out.sampled = sampled;
+        self.grammar.record(&outcome);
+        for (id, plp) in self.lps.take_prompt(&self.out) {
+            if let Some(l) = self.live.get_mut(&id) {
+                l.prompt_logprobs = Some(plp);
+            }
+        }
         self.stats
             .generation_tokens
             .fetch_add(outcome.req_ids.len() as u64, Relaxed);
@@ -336,6 +384,18 @@ impl StepLoop {
                 return;
             }
         };
+        if self.grammar.any_failed() {
+            // A grammar that failed (a token it rejects, or a mask over llguidance's budget) ends
+            // its sequence as an abort: the output is a prefix, not a valid document.
+            for (k, &id) in outcome.req_ids.iter().enumerate() {
+                if self.grammar.failed(id) {
+                    if fin[k] == 0 {
+                        self.sched.finish(id, CoreFinish::Abort);
+                    }
+                    fin[k] = CoreFinish::Abort as u8;
+                }
+            }
+        }
         let mut stop_text: FxHashMap<usize, usize> = FxHashMap::default();
         for (&k, &w) in step.stop_idx.iter().zip(&step.stop_which) {
             let k = k as usize;
@@ -347,6 +407,7 @@ impl StepLoop {
             stop_text.insert(k, w as usize);
         }
         let mut di = 0;
+        let now = Instant::now();
         for (k, &id) in outcome.req_ids.iter().enumerate() {
             let delta = if di < step.delta_idx.len() && step.delta_idx[di] as usize == k {
                 di += 1;
@@ -360,8 +421,16 @@ impl StepLoop {
             let tok = outcome.new_tokens[k];
             if tok >= 0 {
                 l.generated += 1;
+                self.stats.observe_token(&mut l.times, now);
             }
             let token_id = (tok >= 0).then_some(tok as u32);
+            let logprob = match token_id {
+                Some(t) if aligned => self.lps.sampled(&self.out, k, id, t),
+                _ => None,
+            };
+            if !l.stream {
+                l.logprobs.extend(logprob.clone());
+            }
             if fin[k] == 0 {
                 if l.stream {
                     self.outbox.push((
@@ -369,6 +438,8 @@ impl StepLoop {
                         Event::Delta {
                             token_id,
                             text: delta,
+                            logprob,
+                            prompt_logprobs: l.prompt_logprobs.take(),
                         },
                         None,
                     ));
@@ -384,7 +455,13 @@ impl StepLoop {
                 _ => None,
             };
             // A streaming request's last delta rides on its `Finished` (one chunk, as vLLM).
-            let tail = l.stream.then(|| (delta, token_id.into_iter().collect()));
+            let tail = l.stream.then(|| {
+                (
+                    delta,
+                    token_id.into_iter().collect(),
+                    logprob.into_iter().collect(),
+                )
+            });
             self.end(id, FinishReason::from_core(fin[k]), stop_reason, None, tail);
         }
     }
@@ -429,23 +506,25 @@ impl StepLoop {
 
     /// Ends a live request: frees its text and executor state and queues its `Finished` event.
     /// The core has already finished or aborted it.
-    /// `tail`: a streaming request's last delta (text, token ids).
+    /// `tail`: a streaming request's last delta (text, token ids, their logprobs).
     fn end(
         &mut self,
         id: u64,
         reason: FinishReason,
         stop_reason: Option<StopReason>,
         error: Option<String>,
-        tail: Option<(String, Vec<u32>)>,
+        tail: Option<(String, Vec<u32>, Vec<TokenLogprob>)>,
     ) {
-        let Some(l) = self.live.remove(&id) else {
+        let Some(mut l) = self.live.remove(&id) else {
             return;
         };
-        let (text, token_ids) = match self.text.take(id) {
-            Some((t, ids)) if !l.stream => (t, ids),
+        let (text, token_ids, logprobs) = match self.text.take(id) {
+            Some((t, ids)) if !l.stream => (t, ids, std::mem::take(&mut l.logprobs)),
             _ => tail.unwrap_or_default(),
         };
         self.text.remove(id);
+        self.grammar.remove(id);
+        self.lps.remove(id);
         self.exec.remove_request(id);
         let i = match reason {
             FinishReason::Stop => 0,
@@ -453,6 +532,8 @@ impl StepLoop {
             FinishReason::Abort => 2,
         };
         self.stats.finished[i].fetch_add(1, Relaxed);
+        self.stats
+            .observe_end(&l.times, Instant::now(), l.prompt_tokens, l.generated);
         self.outbox.push((
             id,
             Event::Finished(Finished {
@@ -460,6 +541,8 @@ impl StepLoop {
                 stop_reason,
                 text,
                 token_ids,
+                logprobs,
+                prompt_logprobs: l.prompt_logprobs.take(),
                 prompt_tokens: l.prompt_tokens,
                 completion_tokens: l.generated,
                 cached_tokens: l.cached,
@@ -518,5 +601,6 @@ impl StepLoop {
             .store(kv.prefix_query_tokens, Relaxed);
         self.stats.prefix_hits.store(kv.prefix_hit_tokens, Relaxed);
         self.stats.preemptions.store(s.num_preemptions, Relaxed);
+        self.stats.publish_kv(kv);
     }
 }

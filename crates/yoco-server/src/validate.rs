@@ -1,5 +1,6 @@
 //! Validation of a `/v1/completions` request: prompts (tokenized, `<bos>` as the checkpoint wants),
-//! lengths against the context, sampling fields, and the fields this front end does not serve yet.
+//! lengths against the context, sampling fields (logprobs and penalties included), and the fields this
+//! front end does not serve yet.
 //! Every refusal is a 400 naming the field, with vLLM's wording where vLLM has one.
 
 use std::sync::Arc;
@@ -21,15 +22,7 @@ pub(crate) struct Prompt {
 }
 
 pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
-    let fields: [(&str, bool); 10] = [
-        (
-            "logprobs",
-            req.logprobs.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-        (
-            "prompt_logprobs",
-            req.prompt_logprobs.as_ref().is_some_and(|v| !v.is_null()),
-        ),
+    let fields: [(&str, bool); 3] = [
         (
             "best_of",
             req.best_of
@@ -41,28 +34,6 @@ pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
             "logit_bias",
             req.logit_bias.as_ref().is_some_and(|v| !v.is_null()),
         ),
-        (
-            "presence_penalty",
-            req.presence_penalty.is_some_and(|v| v != 0.0),
-        ),
-        (
-            "frequency_penalty",
-            req.frequency_penalty.is_some_and(|v| v != 0.0),
-        ),
-        (
-            "repetition_penalty",
-            req.repetition_penalty.is_some_and(|v| v != 1.0),
-        ),
-        (
-            "response_format",
-            req.response_format.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-        (
-            "structured_outputs",
-            req.structured_outputs
-                .as_ref()
-                .is_some_and(|v| !v.is_null()),
-        ),
     ];
     for (name, set) in fields {
         if set {
@@ -73,6 +44,26 @@ pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// `logprobs` / `prompt_logprobs`: an integer in `[0, max_logprobs]` (the Python server's wording).
+pub(crate) fn logprobs_field(
+    name: &str,
+    v: Option<i64>,
+    max: u32,
+) -> Result<Option<u32>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(k) if k > max as i64 => Err(ApiError::bad(
+            format!("{name} must be <= max_logprobs ({max}; the server's --max-logprobs), got {k}"),
+            Some(name),
+        )),
+        Some(k) if k < 0 => Err(ApiError::bad(
+            format!("{name} must be an integer >= 0 or None, got {k}"),
+            Some(name),
+        )),
+        Some(k) => Ok(Some(k as u32)),
+    }
 }
 
 pub(crate) async fn prompts(
@@ -187,7 +178,12 @@ fn check_ids(s: &AppState, ids: Vec<i64>, wher: &str) -> Result<Prompt, ApiError
     })
 }
 
-fn context_error(limit: u32, prompt_len: usize, max_tokens: Option<i64>) -> ApiError {
+fn context_error(
+    limit: u32,
+    prompt_len: usize,
+    max_tokens: Option<i64>,
+    prompt_param: &str,
+) -> ApiError {
     let p = prompt_len as i64;
     let n = limit as i64;
     if p >= n {
@@ -203,7 +199,7 @@ fn context_error(limit: u32, prompt_len: usize, max_tokens: Option<i64>) -> ApiE
             format!("This model's maximum context length is {n} tokens. However, your prompt contains {p} input \
                      tokens{asked}. The prompt must be at most {} tokens to leave room for at least one output \
                      token; please reduce the length of the prompt.", n - 1),
-            Some("prompt"),
+            Some(prompt_param),
         );
     }
     let m = max_tokens.unwrap_or(0);
@@ -233,7 +229,21 @@ pub(crate) fn gen_params(
     prompt: &[u32],
     stream: bool,
 ) -> Result<GenParams, ApiError> {
+    gen_params_for(s, r, prompt, stream, "prompt")
+}
+
+/// [`gen_params`] for a prompt that came in as `prompt_param` (`messages` for chat: a context
+/// error then names it). Sampling fields the request leaves unset take the server's defaults (the
+/// checkpoint's `generation_config.json`, as the Python server does).
+pub(crate) fn gen_params_for(
+    s: &AppState,
+    r: &CompletionRequest,
+    prompt: &[u32],
+    stream: bool,
+    prompt_param: &str,
+) -> Result<GenParams, ApiError> {
     let limit = s.cfg.max_model_len;
+    let d = &s.cfg.sampling_defaults;
     if let Some(m) = r.max_tokens {
         if m < 1 {
             return Err(ApiError::bad(
@@ -244,13 +254,24 @@ pub(crate) fn gen_params(
     }
     let room = limit as i64 - prompt.len() as i64;
     if room < 1 || r.max_tokens.is_some_and(|m| m > room) {
-        return Err(context_error(limit, prompt.len(), r.max_tokens));
+        return Err(context_error(
+            limit,
+            prompt.len(),
+            r.max_tokens,
+            prompt_param,
+        ));
     }
     let max_tokens = r.max_tokens.unwrap_or(room) as u32;
-    let temperature = finite_in("temperature", r.temperature, 0.0, 100.0, 1.0)?;
-    let top_p = finite_in("top_p", r.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
-    let min_p = finite_in("min_p", r.min_p, 0.0, 1.0, 0.0)?;
-    let top_k = match r.top_k {
+    let temperature = finite_in(
+        "temperature",
+        r.temperature.or(d.temperature),
+        0.0,
+        100.0,
+        1.0,
+    )?;
+    let top_p = finite_in("top_p", r.top_p.or(d.top_p), f64::MIN_POSITIVE, 1.0, 1.0)?;
+    let min_p = finite_in("min_p", r.min_p.or(d.min_p), 0.0, 1.0, 0.0)?;
+    let top_k = match r.top_k.or(d.top_k) {
         None | Some(-1) | Some(0) => 0,
         Some(k) if (1..=i32::MAX as i64).contains(&k) => k as u32,
         Some(k) => {
@@ -270,11 +291,15 @@ pub(crate) fn gen_params(
             ))
         }
     };
-    let stop = match &r.stop {
+    // Empty stop strings are dropped, as the Python server does (an empty string matches nothing).
+    let stop: Vec<String> = match &r.stop {
         None => Vec::new(),
         Some(StopInput::One(x)) => vec![x.clone()],
         Some(StopInput::Many(v)) => v.clone(),
-    };
+    }
+    .into_iter()
+    .filter(|x| !x.is_empty())
+    .collect();
     if stop.len() > s.cfg.max_stop_strings {
         return Err(ApiError::bad(
             format!(
@@ -293,6 +318,28 @@ pub(crate) fn gen_params(
             Some("stop_token_ids"),
         ));
     }
+    let logprobs = logprobs_field("logprobs", r.logprobs, s.cfg.max_logprobs)?;
+    let mut prompt_logprobs =
+        logprobs_field("prompt_logprobs", r.prompt_logprobs, s.cfg.max_logprobs)?;
+    // Echo with logprobs shows the prompt's tokens with theirs (at least `logprobs` alternatives).
+    if let (true, Some(k)) = (r.echo.unwrap_or(false), logprobs) {
+        prompt_logprobs = Some(prompt_logprobs.map_or(k, |p| p.max(k)));
+    }
+    let presence_penalty = finite_in("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?;
+    let frequency_penalty = finite_in("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?;
+    let repetition_penalty = match r.repetition_penalty {
+        None => 1.0,
+        // Outside f32's range: clamp rather than round to 0 or inf (a divisor).
+        Some(x) if x.is_finite() && x > 0.0 => {
+            x.clamp(f32::MIN_POSITIVE as f64, f32::MAX as f64) as f32
+        }
+        Some(x) => {
+            return Err(ApiError::bad(
+                format!("repetition_penalty must be > 0 (1 disables), got {x}"),
+                Some("repetition_penalty"),
+            ))
+        }
+    };
     let priority = match r.priority {
         None => 0,
         Some(0) => 0,
@@ -322,6 +369,107 @@ pub(crate) fn gen_params(
             top_k,
             min_p,
             seed: r.seed.map(|x| x as u64),
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
         },
+        logprobs,
+        prompt_logprobs,
+        grammar: None,
     })
+}
+
+/// `n`: 1 when omitted, at most the server's `--max-n`.
+pub(crate) fn check_n(s: &AppState, n: Option<i64>) -> Result<u32, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => Ok(n as u32),
+        Some(n) => Err(ApiError::bad(
+            format!(
+                "n must be in [1, {}] (the server's --max-n), got {n}",
+                s.cfg.max_n
+            ),
+            Some("n"),
+        )),
+    }
+}
+
+/// The token ids of a rendered conversation (or a `/tokenize` text): `<bos>` is prepended only
+/// with `add_special_tokens` (chat templates write it themselves), `truncate_prompt_tokens` keeps
+/// the last k ids (-1: the context length). Long texts are tokenized on the blocking pool; a text
+/// that cannot fit the context is refused without tokenizing it.
+pub(crate) async fn encode_rendered(
+    s: &Arc<AppState>,
+    text: String,
+    add_special_tokens: bool,
+    truncate: Option<i64>,
+) -> Result<Vec<u32>, ApiError> {
+    let max = s.cfg.max_model_len as i64;
+    let keep = match truncate {
+        None => None,
+        Some(-1) => Some(max as usize),
+        Some(k) if k >= 1 && k <= max => Some(k as usize),
+        Some(k) if k > max => {
+            return Err(ApiError::bad(
+                format!("truncate_prompt_tokens must be <= max_model_len ({max}), got {k}"),
+                Some("truncate_prompt_tokens"),
+            ))
+        }
+        Some(k) => {
+            return Err(ApiError::bad(
+                format!("truncate_prompt_tokens must be -1 or an integer >= 1, got {k}"),
+                Some("truncate_prompt_tokens"),
+            ))
+        }
+    };
+    if keep.is_none() && text.len() > s.cfg.max_prompt_bytes() {
+        return Err(ApiError::bad(
+            format!(
+                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
+                 maximum context length",
+                text.len(),
+                s.cfg.max_model_len
+            ),
+            Some("messages"),
+        ));
+    }
+    let enc = if text.len() > INLINE_TOKENIZE_BYTES {
+        let s2 = s.clone();
+        tokio::task::spawn_blocking(move || {
+            s2.tok
+                .encode(text.as_str(), false)
+                .map(|e| e.get_ids().to_vec())
+        })
+        .await
+        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    } else {
+        s.tok
+            .encode(text.as_str(), false)
+            .map(|e| e.get_ids().to_vec())
+    };
+    let mut ids = enc.map_err(|e| {
+        ApiError::bad(
+            format!("the rendered conversation could not be tokenized: {e}"),
+            Some("messages"),
+        )
+    })?;
+    if add_special_tokens {
+        if let Some(bos) = s.cfg.bos_token_id {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Err(ApiError::bad(
+            "the rendered conversation is empty",
+            Some("messages"),
+        ));
+    }
+    if let Some(k) = keep {
+        if ids.len() > k {
+            ids.drain(..ids.len() - k);
+        }
+    }
+    Ok(ids)
 }

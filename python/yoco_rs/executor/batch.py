@@ -44,6 +44,9 @@ class ForwardBatch:
     """max over rows of scheduled tokens (1 means pure decode); 0 = unknown, compute if needed."""
     max_seq_len: int = 0
     """max over rows of ``seq_lens``; 0 = unknown."""
+    mm_overlay: tuple[torch.Tensor, torch.Tensor] | None = None
+    """``(token_index [M] int64, embeddings [M, H])`` written over the token embeddings (image / audio
+    inputs, ``executor/mm_inputs.py``); None for text-only steps."""
 
     @property
     def num_rows(self) -> int:

@@ -582,8 +582,11 @@ class GraphedExecutor:
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """``Executor.execute`` with the same contract: apply the step's KV copies, then run each half through
-        its captured graph when one fits the batch, eagerly otherwise."""
+        its captured graph when one fits the batch, eagerly otherwise. A step with image / audio
+        embeddings (``mm_overlay``, prefill only) runs eagerly: the graphs read token ids only."""
         ex = self.executor
+        if batch.mm_overlay is not None:
+            return ex.execute(batch)
         slots = ex._check(batch)  # validated; [G, T_pad] even when the core passed its flat array
         if slots is not None and slots is not batch.slot_mapping:
             batch = dataclasses.replace(batch, slot_mapping=slots)

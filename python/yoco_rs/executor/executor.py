@@ -65,7 +65,9 @@ from yoco_rs.executor.kv_cache import (
     KVGroupSpec, KVPoolPlan, allocate_kv, apply_kv_copies, kv_group_specs, kv_memory_budget, plan_kv_pools,
 )
 from yoco_rs.executor.sub_batches import split_rows
-from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, ModelConfig, load_config, parse_config
+from yoco_rs.models.gemma3n.config import (
+    MULTIMODAL_ARCHITECTURES, Gemma3nTextArgs, ModelConfig, load_config, parse_config,
+)
 from yoco_rs.models.gemma3n.model import Gemma3nModel
 from yoco_rs.models.loader import load_checkpoint, load_state_dict
 
@@ -127,6 +129,8 @@ class PreparedStep:
     cross_positions: torch.Tensor  # [X_pad]
     cross_meta: AttentionMetadata | None
     """None when the cross half runs on all tokens with ``self_meta``: fast prefill off, or every token selected."""
+    overlay: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Image / audio embeddings over the token embeddings (``ForwardBatch.mm_overlay``), on the device."""
 
 
 class Executor:
@@ -140,6 +144,9 @@ class Executor:
         self.device = model.embed_tokens.weight.device
         self.kv_sharing_fast_prefill = kv_sharing_fast_prefill
         self.backend = get_backend(attn_backend)
+        self.towers = None
+        self.mm = None
+        """:class:`~yoco_rs.executor.mm_inputs.MultimodalInputs` when the checkpoint's towers are loaded."""
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
         self._specs = kv_group_specs(self.args, self.dtype)
@@ -160,17 +167,35 @@ class Executor:
                         device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
                         attn_backend: str | AttentionBackend | None = None, progress: bool = True,
                         min_rows: int | None = None, per_layer_embeddings_on_host: bool = True,
-                        batch_invariant: bool = True) -> "Executor":
+                        batch_invariant: bool = True, multimodal: bool = True,
+                        encoder_cache_bytes: int = 256 << 20) -> "Executor":
         """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
         layout). ``dtype`` None or "auto": the checkpoint's (:func:`auto_dtype`). The per-layer embedding
-        table stays memory-mapped in host memory unless ``per_layer_embeddings_on_host=False``."""
+        table stays memory-mapped in host memory unless ``per_layer_embeddings_on_host=False``. A multimodal
+        checkpoint's vision and audio towers are loaded too (unless ``multimodal=False``), with an encoder
+        cache of ``encoder_cache_bytes`` (:attr:`Executor.mm`)."""
         dev = torch.device(device) if device is not None else default_device()
         mc = load_config(model_dir)
         dt = _dtype(dtype, dev, mc.checkpoint_dtype)
         model = Gemma3nModel(mc.text, dtype=dt, device=dev, per_layer_embeddings_on_host=per_layer_embeddings_on_host)
         load_checkpoint(model, mc, model_dir, progress=progress)
-        return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
-                   min_rows=min_rows, batch_invariant=batch_invariant)
+        ex = cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
+                 min_rows=min_rows, batch_invariant=batch_invariant)
+        if multimodal and mc.architecture in MULTIMODAL_ARCHITECTURES:
+            from yoco_rs.models.gemma3n.towers import build_towers
+
+            towers = build_towers(mc.raw, model_dir, dtype=dt, device=dev)
+            if towers is not None:
+                ex.enable_multimodal(towers, encoder_cache_bytes)
+        return ex
+
+    def enable_multimodal(self, towers, encoder_cache_bytes: int) -> None:
+        """Attaches loaded towers: steps then merge image / audio embeddings (``mm_inputs``)."""
+        from yoco_rs.executor.encoder_cache import EncoderCache
+        from yoco_rs.executor.mm_inputs import MultimodalInputs
+
+        self.towers = towers
+        self.mm = MultimodalInputs(towers, EncoderCache(encoder_cache_bytes), self.dtype)
 
     @classmethod
     def from_state_dict(cls, config: dict[str, Any], state_dict: dict[str, torch.Tensor], *,
@@ -224,6 +249,8 @@ class Executor:
         """Bytes of weights on the device, of weights in host memory (the memory-mapped per-layer embedding
         table, if kept there), and of the KV cache (what the startup line reports)."""
         dev, host = self.model.weight_bytes()
+        if self.towers is not None:
+            dev += self.towers.weight_bytes()
         kv = sum(t.numel() * t.element_size() for t in self.kv_caches)
         return {"weights_device": dev, "weights_host": host, "kv_cache": kv}
 
@@ -294,7 +321,10 @@ class Executor:
                 query_start_loc_cpu=b.cross_query_start_loc.cpu(),
                 query_start_loc=self._to_dev(b.cross_query_start_loc),
                 positions=cpos, slot_mapping=None, **common)
-        return PreparedStep(b.num_tokens, ids, pos, self_meta, b.num_cross, cidx, cpos, cross_meta)
+        overlay = None
+        if b.mm_overlay is not None:
+            overlay = (self._to_dev(b.mm_overlay[0]).to(torch.int64), self._to_dev(b.mm_overlay[1]))
+        return PreparedStep(b.num_tokens, ids, pos, self_meta, b.num_cross, cidx, cpos, cross_meta, overlay)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch, *, hidden_states: list | None = None) -> torch.Tensor:
@@ -318,10 +348,11 @@ class Executor:
         if step.cross_meta is not None and step.num_cross > 0 and hidden_states is None:
             # fast prefill: the last self-decoder layer only needs its K/V for the tokens nobody samples
             h, ple = m.self_decoder_for_rows(step.input_ids, step.positions, kv, self.backend, step.self_meta,
-                                             step.cross_indices, step.cross_meta)
+                                             step.cross_indices, step.cross_meta, overlay=step.overlay)
             h = m.cross_decoder(h, ple, step.cross_positions, kv, self.backend, step.cross_meta)
             return m.compute_logits(h)[: step.num_cross]
-        hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states)
+        hidden, ple = m.self_decoder(step.input_ids, step.positions, kv, self.backend, step.self_meta, hidden_states,
+                                     overlay=step.overlay)
         if step.cross_meta is not None:
             if step.num_cross == 0:  # nothing samples this step (only middle prefill chunks)
                 return torch.empty(0, self.args.vocab_size, device=self.device)

@@ -40,6 +40,18 @@ def split_rows(b: ForwardBatch, max_tokens: int) -> list[ForwardBatch]:
             num_cross=c1 - c0,
             cross_indices=b.cross_indices[c0:c1] - t0,
             cross_query_start_loc=b.cross_query_start_loc[r0:r1 + 1] - c0,
+            mm_overlay=_overlay_part(b.mm_overlay, t0, t1),
         ))
         r0 = r1
     return out
+
+
+def _overlay_part(overlay, t0: int, t1: int):
+    """The multimodal overlay entries of tokens ``t0 .. t1``, re-based (None when there are none)."""
+    if overlay is None:
+        return None
+    idx, vals = overlay
+    keep = (idx >= t0) & (idx < t1)
+    if not bool(keep.any()):
+        return None
+    return idx[keep] - t0, vals[keep.to(vals.device)]

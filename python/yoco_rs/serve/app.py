@@ -97,6 +97,12 @@ def create_app(engine, settings: Optional[ServerSettings] = None, *,
     async def chat_completions(request: Request):
         return await _respond(create_chat_completion(state, request))
 
+    @app.post("/v1/audio/transcriptions")
+    async def audio_transcriptions(request: Request):
+        from yoco_rs.serve.transcriptions import create_transcription
+
+        return await _respond(create_transcription(state, request))
+
     # vLLM's render endpoints (prefix-aware routers tokenize through them): serve/render.py
     @app.post("/v1/completions/render")
     async def completions_render(request: Request):

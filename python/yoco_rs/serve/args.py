@@ -194,6 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
                "max_grammar_size (500000), max_in_flight (4), cache_size (256)")
     p.add("--enable-auto-tool-choice", action="store_true",
           help="let the model decide to call tools (tool_choice 'auto'); needs --tool-call-parser")
+    # Image and audio inputs (serve/chat_media.py, serve/media_fetch.py, serve/transcriptions.py).
+    p.add("--limit-mm-per-prompt", metavar="JSON",
+          help='most image / audio items one prompt may carry, e.g. \'{"image": 2, "audio": 1}\' (default: no '
+               "limit but the context)")
+    p.add("--allowed-local-media-path", metavar="DIR",
+          help="let content parts read file:// URLs inside DIR (off: file:// is refused)")
+    p.add("--max-media-bytes", type=_pos_int, default=20 << 20,
+          help="largest image / audio payload of one content part or transcription upload")
+    p.add("--media-fetch-timeout", type=_nonneg_float, default=10.0,
+          help="seconds an http(s) image / audio fetch may take")
+    p.add("--max-num-encoder-input-tokens", type=_pos_int,
+          help="encoder budget per step in soft tokens (images / audio encoded per step; default: "
+               "max-num-batched-tokens, at least one item)")
+    p.add("--encoder-cache-memory", type=_kv_memory,
+          help="bytes of image / audio encoder outputs kept by content hash (default 256MiB)")
     p.add("--tool-call-parser", choices=("pythonic", "json"),
           help="how tool calls appear in the model's text: pythonic ([f(a=1)], vLLM's Gemma 3 format) or json "
                "(<tool_call>{...}</tool_call>); see docs/serving.md")
@@ -231,7 +246,8 @@ ENGINE_FLAGS = ("tokenizer", "dtype", "device", "seed", "max_model_len", "max_nu
                 "block_size", "sub_block_size", "enable_prefix_caching", "kv_sharing_fast_prefill", "enforce_eager",
                 "kv_cache_memory", "num_gpu_blocks_override", "scheduling_policy", "max_logprobs",
                 "per_layer_embeddings_on_device", "kv_events_config", "generation_config",
-                "structured_outputs_config")
+                "structured_outputs_config", "limit_mm_per_prompt", "max_num_encoder_input_tokens",
+                "encoder_cache_memory")
 
 
 def engine_settings(args: argparse.Namespace) -> dict:

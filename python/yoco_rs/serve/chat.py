@@ -47,7 +47,7 @@ async def chat_inputs(state, req: ChatCompletionRequest):
                        parser=state.settings.tool_call_parser)
     template = request_chat_template(req, state.settings)
     prompt = await state.offload(chat_prompt, req, state.engine.tokenizer, template, limits, state.template_budget(),
-                                 tools)
+                                 tools, state.media())
     prompt = truncate(prompt, req.truncate_prompt_tokens, limits)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

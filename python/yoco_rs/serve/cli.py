@@ -65,7 +65,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template_seconds=args.chat_template_timeout, allowed_origins=list(args.allowed_origins or []),
         enable_docs=not args.disable_fastapi_docs,
-        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser)
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+        allowed_local_media_path=args.allowed_local_media_path, max_media_bytes=args.max_media_bytes,
+        media_fetch_timeout=args.media_fetch_timeout)
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         _say("yoco-serve: error: --enable-auto-tool-choice needs --tool-call-parser (pythonic or json)")
         return 2

@@ -40,6 +40,8 @@ async def submit(state, prompts: list[Prompt], params: list[SamplingParams], bas
                 prompt["prompt"] = p.text
             if cache_salt is not None:
                 prompt["cache_salt"] = cache_salt
+            if getattr(p, "mm_items", None):
+                prompt["multi_modal_items"] = p.mm_items
             rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
             streams.append(await state.engine.add_request(prompt, sp, request_id=rid, priority=priority))
     except BaseException as e:

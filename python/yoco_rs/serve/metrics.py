@@ -72,6 +72,22 @@ _YOCO_GAUGES = [
 ]
 
 
+def cache_config_info(cfg) -> dict:
+    """The labels of ``cache_config_info`` (vLLM's CacheConfig info series) for an ``EngineConfig``; the
+    Rust front end publishes the same ones."""
+    return {
+        "block_size": cfg.block_size,
+        "sub_block_size": cfg.sub_block_size,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "kv_sharing_fast_prefill": cfg.kv_sharing_fast_prefill,
+        "num_gpu_blocks": getattr(cfg, "num_gpu_blocks_override", None),
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "dtype": cfg.dtype,
+    }
+
+
 def _hist_buckets(snap) -> list:
     return [(floatToGoString(le), float(c)) for le, c in snap.cumulative()]
 
@@ -137,20 +153,9 @@ class EngineCollector:
 
     def _config_info(self, prefix, values):
         try:
-            cfg = self.state.engine.config
+            info = cache_config_info(self.state.engine.config)
         except Exception:
             return
-        info = {
-            "block_size": cfg.block_size,
-            "sub_block_size": cfg.sub_block_size,
-            "enable_prefix_caching": cfg.enable_prefix_caching,
-            "kv_sharing_fast_prefill": cfg.kv_sharing_fast_prefill,
-            "num_gpu_blocks": getattr(cfg, "num_gpu_blocks_override", None),
-            "max_model_len": cfg.max_model_len,
-            "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "dtype": cfg.dtype,
-        }
         g = GaugeMetricFamily(f"{prefix}:cache_config_info", "Information of the LLMEngine CacheConfig",
                               labels=LABELS + sorted(info))
         g.add_metric(values + [str(info[k]) for k in sorted(info)], 1.0)
@@ -180,4 +185,4 @@ class ServerMetrics:
             self.params_max_tokens.labels(self._label, "0").observe(max_tokens)
 
 
-__all__ = ["EngineCollector", "ServerMetrics", "LABELS"]
+__all__ = ["EngineCollector", "ServerMetrics", "LABELS", "cache_config_info"]

@@ -91,6 +91,8 @@ class JsonOnlyMiddleware:
     without ``-H``)."""
 
     METHODS = ("POST", "PUT", "PATCH")
+    #: Endpoints whose body is an upload (OpenAI's multipart/form-data), not JSON.
+    MULTIPART_PATHS = ("/v1/audio/transcriptions",)
 
     def __init__(self, app):
         self.app = app
@@ -100,6 +102,8 @@ class JsonOnlyMiddleware:
             return await self.app(scope, receive, send)
         ct = _header(scope, b"content-type")
         if ct is None or is_json_type(ct):
+            return await self.app(scope, receive, send)
+        if scope.get("path") in self.MULTIPART_PATHS and ct.lower().startswith(b"multipart/form-data"):
             return await self.app(scope, receive, send)
         shown = ct.decode("latin-1")[:100]
         await _send_json(send, 415, error_body(

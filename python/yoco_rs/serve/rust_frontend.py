@@ -5,10 +5,16 @@ HTTP, validation, tokenization, the scheduler, detokenization, stop strings and 
 the GIL released; the Rust step loop calls ``StepExecutor`` with the GIL held only for that call:
 ``add_request``/``remove_request`` once per request, ``launch``/``collect`` once per step (O(1) calls,
 flat arrays). What the Rust front end serves today is ``/v1/completions`` (text and token prompts,
-``n``, stop strings and ids, streaming with usage, echo, seeds), ``/v1/models``, ``/health`` and
-``/metrics``; requests that need what it does not serve yet (chat, logprobs, penalties, structured
-outputs, tools, KV events) get a 400 naming the field. The default ``--frontend python`` serves
-everything.
+``n``, stop strings and ids, streaming with usage, echo, seeds, logprobs and prompt logprobs,
+penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1/chat/completions``
+(chat templates rendered in Rust), the render endpoints, ``/tokenize``, ``/detokenize`` and
+``/version``; requests that need what it does not serve yet (tools, KV events) get a 400 naming the
+field (or a 501 for an endpoint). The default ``--frontend python`` serves everything.
+
+Structured outputs: the Rust loop owns the matchers and computes each step's token bitmasks on the
+grammar pool while the forward runs; ``launch`` receives them as a ``_core.StepMasks`` and applies
+them to the logits after the forward, before sampling (so logprobs are the masked distribution's, as
+the Python engine reports them).
 """
 
 from __future__ import annotations
@@ -24,27 +30,32 @@ from yoco_rs import _core
 from yoco_rs.config import EngineConfig
 from yoco_rs.engine import derive_seed
 from yoco_rs.executor.batch import plan_batch
-from yoco_rs.executor.sampler import RowParams
+from yoco_rs.executor.grammar_mask import apply_token_bitmask_
+from yoco_rs.executor.sampler import RowParams, logprobs_topk
 from yoco_rs.runtime import Runtime, build_runtime
 
 _NO_OUTPUT = np.zeros(0, dtype=np.int64)
 
 # Server flags the Rust front end does not implement yet: refused at start-up rather than ignored.
 UNSUPPORTED_FLAGS = {
-    "chat_template": "--chat-template", "enable_auto_tool_choice": "--enable-auto-tool-choice",
-    "tool_call_parser": "--tool-call-parser", "kv_events_config": "--kv-events-config",
-    "allowed_origins": "--allowed-origins", "return_tokens_as_token_ids": "--return-tokens-as-token-ids",
-    "compat_metric_names": "--compat-metric-names",
+    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
+    "kv_events_config": "--kv-events-config",
 }
 
 
 class StepExecutor:
     """The model, the sampler and the per-request sampling state, stepped by the Rust loop.
 
-    ``launch(plan, tables, resumed)`` runs the forward and samples (on a GPU both are enqueued and the
-    call returns at once); ``collect()`` returns the sampled ids as an int32 numpy array, copying them
-    to the host. ``tables[g]`` is KV group g's block-table rows of the plan (``[R, cols]`` int32);
-    ``resumed`` maps the requests the plan resumes after a preemption to their outputs so far."""
+    ``launch(plan, tables, resumed, masks, scoring)`` runs the forward and samples (on a GPU both are
+    enqueued and the call returns at once); ``collect()`` returns what the step produced, copying it to
+    the host: the sampled ids as an int32 array, or, when logprobs were asked, ``(sampled,
+    sample_logprobs, prompt_logprobs)`` (``yoco_server::executor::StepOutput``'s flat arrays; see
+    ``collect``). ``tables[g]`` is KV group g's block-table rows of the plan (``[R, cols]`` int32);
+    ``resumed`` maps the requests the plan resumes after a preemption to their outputs so far (the
+    sampler restores their penalty counts and random streams from them); ``masks`` is the step's
+    ``_core.StepMasks`` (None when no sampling row is constrained); ``scoring`` is ``(rows int64,
+    targets int64, k)``, the logits rows whose prompt token's logprob (and top ``k``) to report, or
+    None."""
 
     def __init__(self, rt: Runtime):
         self._runner = rt.runner
@@ -54,23 +65,27 @@ class StepExecutor:
         self._counter = itertools.count(1)
         self._params: dict[int, RowParams] = {}
         self._prompts: dict[int, np.ndarray] = {}
-        self._sampled: Optional[torch.Tensor] = None
+        self._out = None
+        self._prompt_lp = None
 
     def add_request(self, req_id: int, prompt: np.ndarray, *, temperature: float, top_p: float, top_k: int,
                     min_p: float, seed: Optional[int], min_tokens: int, ignore_eos: bool,
-                    stop_token_ids: list) -> None:
+                    stop_token_ids: list, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                    repetition_penalty: float = 1.0, logprobs: int = -1) -> None:
         mask_ids = list(stop_token_ids) + ([] if ignore_eos else self._eos)
         self._params[req_id] = RowParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            repetition_penalty=repetition_penalty,
             seed=seed if seed is not None else derive_seed(self._engine_seed, next(self._counter)),
-            min_tokens=min_tokens, min_tokens_ids=mask_ids)
+            min_tokens=min_tokens, min_tokens_ids=mask_ids, logprobs=logprobs)
         self._prompts[req_id] = prompt
 
     def remove_request(self, req_id: int) -> None:
         self._params.pop(req_id, None)
         self._prompts.pop(req_id, None)
 
-    def launch(self, plan, tables: list, resumed: dict) -> None:
+    def launch(self, plan, tables: list, resumed: dict, masks=None, scoring=None) -> None:
         ids = plan.admitted_ids
         if len(ids):
             ids = ids.tolist()
@@ -78,12 +93,72 @@ class StepExecutor:
                                    [self._prompts[i] for i in ids], [resumed.get(i, _NO_OUTPUT) for i in ids])
         batch = plan_batch(plan, [torch.from_numpy(t) for t in tables])
         logits = self._runner.execute(batch)
-        rows = plan.req_rows[plan.sample_rows]
-        self._sampled = self._sampler.sample(logits, plan.logits_cross_pos, rows).sampled
+        cross_pos = plan.logits_cross_pos
+        if masks is not None:
+            rows, bitmask = masks.take()  # computed while the forward ran; waits with the GIL released
+            if len(rows):
+                apply_token_bitmask_(logits, bitmask, np.asarray(cross_pos, dtype=np.int64)[rows])
+        self._prompt_lp = None
+        if scoring is not None:
+            xs, targets, k = scoring
+            lp = torch.log_softmax(logits.index_select(0, torch.from_numpy(xs).to(logits.device)).float(), dim=-1)
+            self._prompt_lp = logprobs_topk(lp, torch.from_numpy(targets).to(logits.device), int(k))
+        self._out = self._sampler.sample(logits, cross_pos, plan.req_rows[plan.sample_rows])
 
-    def collect(self) -> np.ndarray:
-        s, self._sampled = self._sampled, None
-        return np.ascontiguousarray(s.numpy(), dtype=np.int32)
+    def collect(self):
+        """The sampled ids (int32 ``[S]``), or ``(sampled, sample_logprobs, prompt_logprobs)``:
+        ``sample_logprobs = (rows int32[L], logprob float32[L], rank int32[L], top_ids int32[L, K],
+        top_logprobs float32[L, K])`` for the L sampling rows whose request asked (``rows`` index
+        ``sample_rows``), ``prompt_logprobs`` the same without ``rows`` for the scored prompt positions;
+        either is None when not asked."""
+        so, plp = self._out, self._prompt_lp
+        self._out = self._prompt_lp = None
+        sampled = np.ascontiguousarray(so.sampled.numpy(), dtype=np.int32)
+        if so.lp_idx is None and plp is None:
+            return sampled
+        slp = None
+        if so.lp_idx is not None:
+            slp = (_i32(so.lp_idx), _f32(so.sampled_logprobs), _i32(so.sampled_ranks), _i32(so.topk_ids),
+                   _f32(so.topk_logprobs))
+        if plp is not None:
+            ids, vals, tgt, rank = plp
+            plp = (_f32(tgt), _i32(rank), _i32(ids), _f32(vals))
+        return sampled, slp, plp
+
+
+def _i32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
+    """What the Rust front end needs beyond the engine: the chat template (``--chat-template``, else the
+    checkpoint's) and the special tokens it sees, the template's budget, the generation config's sampling
+    defaults, and the flags the Python server also takes (CORS, metric names, version)."""
+    import yoco_rs
+    from yoco_rs.serve.metrics import cache_config_info
+
+    tok = rt.tokenizer
+    special = [(k, v) for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token),
+                                    ("pad_token", tok.pad_token),
+                                    ("unk_token", _token_str(tok.config.get("unk_token")))) if v is not None]
+    defaults = [(k, float(v)) for k, v in dict(rt.sampling_defaults).items()
+                if k in ("temperature", "top_p", "top_k", "min_p") and v is not None]
+    info = sorted((k, str(v)) for k, v in cache_config_info(rt.config).items())
+    return dict(
+        chat_template=settings.chat_template or tok.chat_template, special_tokens=special,
+        trust_request_chat_template=bool(settings.trust_request_chat_template),
+        chat_template_timeout=float(settings.chat_template_seconds), sampling_defaults=defaults,
+        compat_metric_names=bool(settings.compat_metric_names), allowed_origins=list(settings.allowed_origins or []),
+        return_tokens_as_token_ids=bool(settings.return_tokens_as_token_ids), version=yoco_rs.__version__,
+        cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill))
+
+
+def _token_str(v) -> Optional[str]:
+    return v.get("content") if isinstance(v, dict) else (None if v is None else str(v))
 
 
 def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
@@ -118,7 +193,9 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         api_keys=list(settings.api_keys or []), max_n=int(settings.max_n),
         max_prompts_per_request=int(settings.max_prompts_per_request),
         max_request_body_bytes=int(settings.max_request_body_bytes), metrics_prefix=settings.metrics_prefix,
-        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready)
+        max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready,
+        max_logprobs=int(c.max_logprobs), structured_outputs_config=dict(c.structured_outputs_config or {}),
+        **_chat_and_metrics_settings(rt, settings))
     print("yoco-serve: stopped", file=sys.stderr, flush=True)
     return 0
 

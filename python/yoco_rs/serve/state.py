@@ -56,6 +56,13 @@ class ServerSettings:
     """``pythonic`` or ``json`` (serve/tools.py)."""
     host: str = "127.0.0.1"
     port: int = 8000
+    # ---- image / audio inputs (issue 17) ----
+    allowed_local_media_path: Optional[str] = None
+    """Directory ``file://`` media URLs may read (vLLM's ``--allowed-local-media-path``); None: refused."""
+    max_media_bytes: int = 20 << 20
+    """Largest image / audio payload of one content part (or transcription upload)."""
+    media_fetch_timeout: float = 10.0
+    """Seconds an http(s) media fetch may take."""
 
 
 class ServerState:
@@ -149,6 +156,18 @@ class ServerState:
         return APIError(500, f"internal error: {type(e).__name__}: {e}")
 
     # ---- engine facts ---------------------------------------------------------------------------
+    def media(self):
+        """The ``chat_media.MediaContext`` of a multimodal checkpoint (None: the model takes text only)."""
+        proc = getattr(self.engine, "mm_processor", None)
+        if proc is None:
+            return None
+        from yoco_rs.serve.chat_media import MediaContext
+        from yoco_rs.serve.media_fetch import MediaPolicy
+
+        s = self.settings
+        policy = MediaPolicy(s.allowed_local_media_path, s.max_media_bytes, s.media_fetch_timeout)
+        return MediaContext(proc, policy, getattr(self.engine.config, "limit_mm_per_prompt", None))
+
     def limits(self) -> Limits:
         """The engine's request limits (context length, logprobs, vocabulary) the validators check against;
         fetched once the engine is ready."""

@@ -43,6 +43,8 @@ class Prompt:
     token_ids: list[int]
     text: Optional[str]
     """The prompt text (given, or decoded from ids when echo needs it)."""
+    mm_items: list = field(default_factory=list)
+    """Processed image / audio items whose placeholder runs are in ``token_ids`` (chat content parts)."""
 
 
 # ---- prompts ----------------------------------------------------------------------------------------
@@ -208,12 +210,20 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer, template: Optional[str], limits: Limits,
-                budget=None, tools=None) -> Prompt:
+                budget=None, tools=None, media=None) -> Prompt:
     """The prompt of a chat request: rendered conversation (under ``budget``), tokenized (400 when it is
     empty or cannot fit). Thread-safe: the server runs it off the event loop. With ``tools`` (a
     ``serve.tools.ToolPlan`` in play) the tools reach the template, by default the shipped tool-aware
-    Gemma 3n template."""
-    messages = chat_messages(req.messages)
+    Gemma 3n template. ``media`` (a ``chat_media.MediaContext``, multimodal checkpoints): image and audio
+    content parts are fetched, decoded and processed, and their placeholders expanded."""
+    from yoco_rs.serve import chat_media
+
+    refs = []
+    if media is not None and chat_media.has_media(req.messages):
+        messages, refs = chat_media.split_messages(req.messages)
+        chat_media.check_limits(refs, media.limits)
+    else:
+        messages = chat_messages(req.messages)
     kwargs = dict(req.chat_template_kwargs or {})
     if tools is not None and tools.tools:
         from yoco_rs.serve.tools import template_messages, tool_template
@@ -224,12 +234,28 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer, template: Optional[str], 
     text = render_chat(tokenizer, messages, add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message, chat_template=template,
                        chat_template_kwargs=kwargs, budget=budget)
-    ids = encode_text(tokenizer, text, add_special_tokens=req.add_special_tokens,
+    items = []
+    expanded = text
+    if refs:
+        items = chat_media.resolve(refs, media)
+        try:
+            expanded = media.processor.expand_text(text, items)
+        except ValueError as e:
+            raise bad_request(f"{e} (does the chat template render image/audio parts?)", "messages") from None
+        if req.truncate_prompt_tokens is not None:
+            raise bad_request("truncate_prompt_tokens cannot be combined with image or audio parts (truncation "
+                              "could cut a placeholder run)", "truncate_prompt_tokens")
+    ids = encode_text(tokenizer, expanded, add_special_tokens=req.add_special_tokens,
                       truncate_to=_truncate_k(req.truncate_prompt_tokens, limits), limits=limits,
                       where="the rendered conversation", param="messages")
     if not ids:
         raise bad_request("the rendered conversation is empty", "messages")
-    return Prompt(ids, text)
+    if items:
+        try:
+            media.processor.locate(ids, items)
+        except ValueError as e:
+            raise bad_request(str(e), "messages") from None
+    return Prompt(ids, text, items)
 
 
 def truncate(prompt: Prompt, k: Optional[int], limits: Limits) -> Prompt:

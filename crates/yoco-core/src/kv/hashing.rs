@@ -13,6 +13,7 @@ use std::hash::{Hash, Hasher};
 
 use sha2::{Digest, Sha256};
 
+use super::mm_keys::{encode_sub_block_extras, MmPlaceholder};
 use super::HashExtras;
 
 /// The vLLM default root seed for SHA-256 hashing.
@@ -55,7 +56,7 @@ impl fmt::Display for BlockHash {
 }
 
 /// Canonical CBOR head: major type + argument in the shortest form.
-fn cbor_head(out: &mut Vec<u8>, major: u8, n: u64) {
+pub(crate) fn cbor_head(out: &mut Vec<u8>, major: u8, n: u64) {
     let m = major << 5;
     if n < 24 {
         out.push(m | n as u8);
@@ -73,7 +74,7 @@ fn cbor_head(out: &mut Vec<u8>, major: u8, n: u64) {
     }
 }
 
-fn cbor_text(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn cbor_text(out: &mut Vec<u8>, s: &str) {
     cbor_head(out, 3, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
@@ -83,7 +84,7 @@ fn cbor_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-const CBOR_NULL: u8 = 0xf6;
+pub(crate) const CBOR_NULL: u8 = 0xf6;
 
 /// `NONE_HASH` for a seed: SHA-256 of the seed's CBOR form. A UTF-8 seed is encoded as a text
 /// string (vLLM hashes the `PYTHONHASHSEED` / default *string*), anything else as a byte string.
@@ -96,19 +97,67 @@ pub fn root_hash(seed: &[u8]) -> BlockHash {
     BlockHash(Sha256::digest(&buf).into())
 }
 
-/// The CBOR-encoded extra keys of one request: for the first sub-block and for all others.
+/// The CBOR-encoded extra keys of one request: for the first sub-block and for all others when
+/// the request has no multimodal items; otherwise the pieces each sub-block's extras are built from.
 #[derive(Debug, Clone)]
 pub(crate) struct EncodedExtras {
     pub first: Vec<u8>,
     pub rest: Vec<u8>,
+    /// The encoded `("lora", name, path)` tuple, empty without a LoRA.
+    lora: Vec<u8>,
+    /// The encoded `("cache_salt", salt)` tuple, empty without a salt.
+    salt: Vec<u8>,
+    /// Placeholder runs, sorted and disjoint (validated by the scheduler).
+    mm: Vec<MmPlaceholder>,
 }
 
 impl EncodedExtras {
+    #[cfg(test)]
     pub fn new(extras: &HashExtras) -> Self {
+        Self::with_mm(extras, Vec::new())
+    }
+
+    /// Extras with multimodal items: each sub-block overlapping an item's run hashes the item's
+    /// identifier and start offset (`mm_keys`).
+    pub fn with_mm(extras: &HashExtras, mm: Vec<MmPlaceholder>) -> Self {
+        let mut lora = Vec::new();
+        if let Some((name, path)) = &extras.lora {
+            cbor_head(&mut lora, 4, 3);
+            cbor_text(&mut lora, "lora");
+            cbor_text(&mut lora, name);
+            cbor_text(&mut lora, path);
+        }
+        let mut salt = Vec::new();
+        if let Some(s) = &extras.cache_salt {
+            cbor_head(&mut salt, 4, 2);
+            cbor_text(&mut salt, "cache_salt");
+            cbor_text(&mut salt, s);
+        }
         EncodedExtras {
             first: encode_extras(extras, true),
             rest: encode_extras(extras, false),
+            lora,
+            salt,
+            mm,
         }
+    }
+
+    /// The extras of sub-block `i` (tokens `i * sbs .. (i + 1) * sbs`); `scratch` holds them when
+    /// they depend on the sub-block (multimodal items).
+    fn for_sub_block<'a>(&'a self, i: usize, sbs: usize, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+        if self.mm.is_empty() {
+            return if i == 0 { &self.first } else { &self.rest };
+        }
+        let start = (i * sbs) as u64;
+        encode_sub_block_extras(
+            scratch,
+            &self.lora,
+            &self.salt,
+            &self.mm,
+            start,
+            start + sbs as u64,
+        );
+        scratch
     }
 }
 
@@ -167,10 +216,11 @@ pub(crate) fn extend_chain(
         return;
     }
     let mut buf = Vec::with_capacity(40 + sub_block_size * 5 + extras.first.len());
+    let mut scratch = Vec::new();
     hashes.reserve(complete - hashes.len());
     for i in hashes.len()..complete {
         let parent = if i == 0 { *root } else { hashes[i - 1] };
-        let ex = if i == 0 { &extras.first } else { &extras.rest };
+        let ex = extras.for_sub_block(i, sub_block_size, &mut scratch);
         let h = hash_sub_block(
             &parent,
             &tokens[i * sub_block_size..(i + 1) * sub_block_size],
@@ -342,5 +392,110 @@ mod tests {
             lora: Some(("foo".into(), "/a".into())),
         });
         assert_eq!(ex.first, ex.rest, "lora on every sub-block");
+    }
+
+    fn mm_chain(
+        extras: &HashExtras,
+        items: &[(u32, u32, &str)],
+        sbs: usize,
+        tokens: &[u32],
+    ) -> Vec<BlockHash> {
+        let mm = items
+            .iter()
+            .map(|&(offset, length, id)| MmPlaceholder {
+                offset,
+                length,
+                identifier: id.into(),
+            })
+            .collect();
+        let mut out = Vec::new();
+        extend_chain(
+            &root_hash(DEFAULT_HASH_SEED),
+            &EncodedExtras::with_mm(extras, mm),
+            sbs,
+            tokens,
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn multimodal_extra_keys_match_vllm_sha256_cbor_vectors() {
+        // Vectors from an independent CBOR + SHA-256 encoding of vLLM's
+        // `(parent, tokens, (("mm", id, item_start - block_start), ...))` (HASH-4 / HASH-5 / PC-8).
+        let t: Vec<u32> = (0..12).collect();
+        let h = mm_chain(&HashExtras::default(), &[(2, 5, "abc")], 4, &t);
+        let hexes: Vec<String> = h.iter().map(hex).collect();
+        assert_eq!(
+            hexes,
+            [
+                "a60e1884d6d4d88c7b82dca88a0351a21ed4e646a285c5f7c9044365b8c3b288", // ("mm","abc",2)
+                "226172ddf7843f9a78d1522d943ea644eb96ead23fd6fe6976a505523cda5e26", // ("mm","abc",-2)
+                "622c394093f1bd3afc7a91a607e66fbd678001998678abb7a732b80f593c7ace", // null, chained
+            ]
+        );
+        // LoRA first, items in order, the salt on sub-block 0 only
+        let e = HashExtras {
+            cache_salt: Some("s".into()),
+            lora: Some(("a".into(), "/p".into())),
+        };
+        let h = mm_chain(&e, &[(1, 2, "x"), (3, 6, "y")], 4, &t);
+        let hexes: Vec<String> = h.iter().map(hex).collect();
+        assert_eq!(
+            hexes,
+            [
+                "be2bcbec328859f876eb5683b1eac598fe0a91053ddfc166656fac6cd02de068",
+                "172a5e7c6667db3e73ab21f432a95bcf7d4db7349978002f086e416224c4d55d",
+                "2b800ff3cf36f809ae002b07157654432a6f9370c8cbc1dc171731cfd20f57f8",
+            ]
+        );
+    }
+
+    #[test]
+    fn another_item_changes_every_hash_from_its_first_sub_block_on() {
+        let t: Vec<u32> = (0..16).collect();
+        let plain = chain(&HashExtras::default(), 4, &t);
+        let a = mm_chain(&HashExtras::default(), &[(5, 6, "img-a")], 4, &t);
+        let a2 = mm_chain(&HashExtras::default(), &[(5, 6, "img-a")], 4, &t);
+        let b = mm_chain(&HashExtras::default(), &[(5, 6, "img-b")], 4, &t);
+        assert_eq!(a, a2, "the same item hashes the same");
+        // sub-block 0 (tokens 0..4) does not touch the run [5, 11): shared with the text-only chain
+        assert_eq!(a[0], plain[0]);
+        assert_eq!(a[0], b[0]);
+        // from sub-block 1 on (the run starts there) every hash differs, sub-block 3 included,
+        // which lies after the run
+        for i in 1..4 {
+            assert_ne!(a[i], b[i], "sub-block {i}");
+            assert_ne!(a[i], plain[i], "sub-block {i}");
+        }
+        // same identifier, other position: another chain
+        let moved = mm_chain(&HashExtras::default(), &[(4, 6, "img-a")], 4, &t);
+        assert_ne!(moved[1], a[1]);
+        // no items: the plain chain exactly
+        assert_eq!(mm_chain(&HashExtras::default(), &[], 4, &t), plain);
+    }
+
+    #[test]
+    fn incremental_hashing_with_items_equals_one_shot() {
+        // HASH-10 across multiple mm items
+        let tokens: Vec<u32> = (0..37).map(|i| (i * 31) % 1000).collect();
+        let items = [(3u32, 9u32, "p"), (14, 1, "q"), (20, 12, "r")];
+        let one_shot = mm_chain(&HashExtras::default(), &items, 4, &tokens);
+        let mm: Vec<MmPlaceholder> = items
+            .iter()
+            .map(|&(offset, length, id)| MmPlaceholder {
+                offset,
+                length,
+                identifier: id.into(),
+            })
+            .collect();
+        let ex = EncodedExtras::with_mm(&HashExtras::default(), mm);
+        let root = root_hash(DEFAULT_HASH_SEED);
+        let mut inc = Vec::new();
+        for n in 0..=tokens.len() {
+            extend_chain(&root, &ex, 4, &tokens[..n], &mut inc);
+        }
+        assert_eq!(inc, one_shot);
+        assert_eq!(inc.len(), 9);
     }
 }

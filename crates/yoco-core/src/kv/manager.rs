@@ -12,7 +12,8 @@ use super::lookup;
 use super::pool::BlockPool;
 use super::seq::SeqKv;
 use super::{
-    BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvEventBatch, KvGroup, KvMetrics, PrefixHit,
+    BlockId, CopyOp, HashExtras, KvConfig, KvEvent, KvEventBatch, KvGroup, KvMetrics,
+    MmPlaceholder, PrefixHit,
 };
 use crate::error::{Error, Result};
 
@@ -145,12 +146,24 @@ impl KvManager {
     /// Fresh per-request state. `skip_prefix_read`: never reuse cached KV (prompt logprobs need every
     /// prompt row computed); the request's own KV is still indexed for others.
     pub fn new_seq(&self, extras: HashExtras, skip_prefix_read: bool) -> SeqKv {
+        self.new_seq_mm(extras, Vec::new(), skip_prefix_read)
+    }
+
+    /// [`KvManager::new_seq`] for a prompt with multimodal items: the sub-blocks overlapping an
+    /// item's placeholder run also hash the item's identifier (`mm` sorted and disjoint; the
+    /// scheduler validates it).
+    pub fn new_seq_mm(
+        &self,
+        extras: HashExtras,
+        mm: Vec<MmPlaceholder>,
+        skip_prefix_read: bool,
+    ) -> SeqKv {
         let n = self.groups.len();
         SeqKv {
             tables: vec![Vec::new(); n],
             num_null: vec![0; n],
             hashes: Vec::new(),
-            extras: EncodedExtras::new(&extras),
+            extras: EncodedExtras::with_mm(&extras, mm),
             skip_prefix_read,
             num_tokens: 0,
             tokens: Vec::new(),

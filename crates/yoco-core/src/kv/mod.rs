@@ -145,6 +145,7 @@ mod index;
 mod inspect;
 mod lookup;
 mod manager;
+mod mm_keys;
 mod pool;
 mod seq;
 
@@ -153,6 +154,7 @@ pub use events::{KvEvent, DEFAULT_EVENT_LOG_CAPACITY};
 pub use groups::{kv_groups, AttnKind, KvGroup, LayerKind};
 pub use hashing::{root_hash, BlockHash, DEFAULT_HASH_SEED};
 pub use manager::KvManager;
+pub use mm_keys::MmPlaceholder;
 pub use seq::SeqKv;
 
 /// Index of a block inside its group's pool.

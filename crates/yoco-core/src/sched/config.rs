@@ -36,6 +36,10 @@ pub struct SchedulerConfig {
     /// Skip-and-continue admission: a waiting request that does not fit may be passed over by later
     /// ones at most this many steps; then admission stops behind it until it fits (0 = strict HOL).
     pub max_admission_skips: u32,
+    /// Encoder budget of one step: multimodal encoder output tokens (image / audio soft tokens)
+    /// the scheduled chunks may need computed (vLLM's `max_num_encoder_input_tokens`; see
+    /// `encoder_budget.rs`). Every item must fit in it.
+    pub max_num_encoder_input_tokens: u32,
     /// Ascending token counts the executor captured graphs for (empty: no padding).
     pub token_capture_sizes: Vec<u32>,
     /// Ascending cross-decoder row counts the executor captured graphs for (empty: no padding).
@@ -70,6 +74,7 @@ impl SchedulerConfig {
             long_prefill_token_threshold: 0,
             policy: Policy::Fcfs,
             max_admission_skips: DEFAULT_MAX_ADMISSION_SKIPS,
+            max_num_encoder_input_tokens: 8192,
             token_capture_sizes: Vec::new(),
             cross_capture_sizes: Vec::new(),
         })

@@ -11,6 +11,7 @@
 
 mod build;
 pub mod config;
+mod encoder_budget;
 mod invariants;
 pub mod plan;
 mod queue;

@@ -17,7 +17,7 @@ use super::state::{Req, Status, NO_ROW};
 use super::table::BlockTables;
 use super::validate;
 use crate::error::{Error, Result};
-use crate::kv::{kv_groups, KvEvent, KvEventBatch, KvGroup, KvManager, KvMetrics};
+use crate::kv::{kv_groups, KvEvent, KvEventBatch, KvGroup, KvManager, KvMetrics, MmPlaceholder};
 
 /// Scheduler statistics the engine exports.
 #[derive(Debug, Clone, Copy, Default)]
@@ -120,7 +120,15 @@ impl Scheduler {
 
     /// Validates and queues a request (`Error::Request` names what is wrong; `Error::Capacity`
     /// when the pool could never hold it).
-    pub fn add_request(&mut self, mut req: NewRequest) -> Result<()> {
+    pub fn add_request(&mut self, req: NewRequest) -> Result<()> {
+        self.add_request_mm(req, Vec::new())
+    }
+
+    /// [`Scheduler::add_request`] for a prompt with multimodal items: `mm` are the placeholder
+    /// runs of its images / audio clips (sorted, disjoint, inside the prompt, each within
+    /// `max_num_encoder_input_tokens`). Their identifiers enter the prefix hashes of the sub-blocks
+    /// they overlap, and their lengths the step's encoder budget.
+    pub fn add_request_mm(&mut self, mut req: NewRequest, mm: Vec<MmPlaceholder>) -> Result<()> {
         if self.by_id.contains_key(&req.id) {
             return Err(Error::Request(format!(
                 "request id {} is already live; ids must be unique among unfinished requests",
@@ -128,12 +136,14 @@ impl Scheduler {
             )));
         }
         validate::request(&self.cfg, self.kv.groups(), &req)?;
+        validate::mm_items(&self.cfg, req.id, req.prompt.len(), &mm)?;
+        let ranges = mm.iter().map(|m| (m.offset, m.length)).collect();
         let extras = std::mem::take(&mut req.hash_extras);
-        let mut seq = self.kv.new_seq(extras, req.prompt_logprobs);
+        let mut seq = self.kv.new_seq_mm(extras, mm, req.prompt_logprobs);
         self.kv.hash_tokens(&mut seq, &req.prompt);
         let seq_no = self.next_seq_no;
         self.next_seq_no += 1;
-        let r = Req::new(req, seq_no, seq);
+        let r = Req::new(req, seq_no, seq, ranges);
         let (id, priority) = (r.id, r.priority);
         let slot = match self.free_slots.pop() {
             Some(s) => {

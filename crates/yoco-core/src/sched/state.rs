@@ -8,6 +8,7 @@
 
 use smallvec::SmallVec;
 
+use super::encoder_budget::MmRanges;
 use super::plan::FinishReason;
 use super::request::NewRequest;
 use crate::kv::SeqKv;
@@ -93,10 +94,12 @@ pub(super) struct Req {
     pub num_preemptions: u32,
     /// Stopped in the `update` being applied; released at its end.
     pub finishing: bool,
+    /// Multimodal placeholder runs `(offset, length)` of the prompt (encoder budget).
+    pub mm: MmRanges,
 }
 
 impl Req {
-    pub fn new(r: NewRequest, seq_no: u64, kv: SeqKv) -> Self {
+    pub fn new(r: NewRequest, seq_no: u64, kv: SeqKv, mm: MmRanges) -> Self {
         let num_prompt = r.prompt.len() as u32;
         Req {
             id: r.id,
@@ -121,6 +124,7 @@ impl Req {
             last_skip_step: 0,
             num_preemptions: 0,
             finishing: false,
+            mm,
         }
     }
 

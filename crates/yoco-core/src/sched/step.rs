@@ -4,6 +4,7 @@
 //! plan and advances `num_computed`.
 
 use super::config::Policy;
+use super::encoder_budget::limit_chunk;
 use super::scheduler::{Scheduled, Scheduler};
 use super::state::{Status, NO_ROW};
 use crate::kv::{KvManager, NoSpace, SeqKv};
@@ -21,20 +22,24 @@ impl Scheduler {
         } else {
             u32::MAX
         };
-        let preempted = self.schedule_running(&mut budget, cap);
+        let mut encoder = self.cfg.max_num_encoder_input_tokens;
+        let preempted = self.schedule_running(&mut budget, &mut encoder, cap);
         if !preempted {
-            self.admit_waiting(&mut budget, cap);
+            self.admit_waiting(&mut budget, &mut encoder, cap);
         }
         self.build_plan();
     }
 
     /// Phase A: running requests in admission order. Returns whether anything was preempted.
-    fn schedule_running(&mut self, budget: &mut u32, cap: u32) -> bool {
+    fn schedule_running(&mut self, budget: &mut u32, encoder: &mut u32, cap: u32) -> bool {
         let mut preempted = false;
         let mut i = 0;
         'running: while i < self.running.len() && *budget > 0 {
             let slot = self.running[i];
-            let n = self.req(slot).num_uncomputed().min(cap).min(*budget);
+            let r = self.req(slot);
+            let n = r.num_uncomputed().min(cap).min(*budget);
+            // A chunk stops before an image / audio item the step's encoder budget cannot take.
+            let (n, cost) = limit_chunk(&r.mm, r.num_computed, n, false, *encoder);
             if n == 0 {
                 // Deliberately not strict FCFS: a request with nothing to do does not stop the pass.
                 i += 1;
@@ -54,6 +59,7 @@ impl Scheduler {
                             admitted: false,
                         });
                         *budget -= n;
+                        *encoder -= cost;
                         i += 1;
                         break;
                     }
@@ -130,7 +136,7 @@ impl Scheduler {
     /// Phase B: admit waiting requests in queue order while budget and rows last. A request that
     /// does not fit is passed over (skip-and-continue) until it has been passed over in
     /// `max_admission_skips` steps; then admission stops behind it until it fits.
-    fn admit_waiting(&mut self, budget: &mut u32, cap: u32) {
+    fn admit_waiting(&mut self, budget: &mut u32, encoder: &mut u32, cap: u32) {
         let max_seqs = self.cfg.max_num_seqs as usize;
         let mut i = 0;
         while i < self.waiting.len() && *budget > 0 && self.running.len() < max_seqs {
@@ -146,9 +152,17 @@ impl Scheduler {
             // A preempted request kept its chain: this only hashes tokens appended since (none
             // in practice), and is free when the chain is complete.
             self.kv.hash_tokens(seq, &r.tokens);
-            let admitted = admit_alloc(&mut self.kv, seq, num_tokens, cap.min(*budget));
+            let admitted = admit_alloc(
+                &mut self.kv,
+                seq,
+                num_tokens,
+                cap.min(*budget),
+                &r.mm,
+                *encoder,
+            );
             match admitted {
-                Ok((computed, n)) => {
+                Ok((computed, n, cost)) => {
+                    *encoder -= cost;
                     r.num_computed = computed;
                     r.status = Status::Running;
                     r.skips = 0;
@@ -167,7 +181,10 @@ impl Scheduler {
                     self.plan.admitted_num_cached.push(computed as i32);
                     *budget -= n;
                 }
-                Err(NoSpace) => {
+                // The step's encoder budget is spent: later (text) requests may still run, and
+                // this one is first in line next step; no skip is counted (blocks are not short).
+                Err(Refused::EncoderBudget) => i += 1,
+                Err(Refused::NoSpace) => {
                     if r.skips >= self.cfg.max_admission_skips {
                         break;
                     }
@@ -193,8 +210,17 @@ impl Scheduler {
     }
 }
 
-/// Allocates a waiting request's first chunk (at most `max_new` tokens), reserving its whole
-/// prompt. Returns `(prefix-cache hit in tokens, tokens scheduled)`.
+/// Why a waiting request was not admitted this step.
+enum Refused {
+    /// The pools cannot hold it now.
+    NoSpace,
+    /// Its first chunk would start at an image / audio item the step's encoder budget cannot take.
+    EncoderBudget,
+}
+
+/// Allocates a waiting request's first chunk (at most `max_new` tokens, and what the encoder
+/// budget `encoder` allows of its multimodal items `mm`), reserving its whole prompt. Returns
+/// `(prefix-cache hit in tokens, tokens scheduled, encoder tokens charged)`.
 ///
 /// A hit can need more free blocks than no hit: a trailing partial match pins its source block
 /// while a private copy destination is allocated. On a small pool that extra block may never be
@@ -206,7 +232,9 @@ fn admit_alloc(
     seq: &mut SeqKv,
     num_tokens: u32,
     max_new: u32,
-) -> Result<(u32, u32), NoSpace> {
+    mm: &[(u32, u32)],
+    encoder: u32,
+) -> Result<(u32, u32, u32), Refused> {
     let block_size = kv.config().block_size;
     let mut hit = kv.lookup(seq, num_tokens as usize);
     loop {
@@ -216,6 +244,10 @@ fn admit_alloc(
             "a prefix hit never covers the last token"
         );
         let n = (num_tokens - computed).min(max_new);
+        let (n, cost) = limit_chunk(mm, computed, n, true, encoder);
+        if n == 0 {
+            return Err(Refused::EncoderBudget);
+        }
         if kv
             .allocate(
                 seq,
@@ -226,10 +258,10 @@ fn admit_alloc(
             )
             .is_ok()
         {
-            return Ok((computed, n));
+            return Ok((computed, n, cost));
         }
         hit = match hit {
-            None => return Err(NoSpace),
+            None => return Err(Refused::NoSpace),
             Some(h) => {
                 let shared = h.num_shared_tokens(block_size);
                 if shared > 0 && shared < h.num_tokens {

@@ -1,9 +1,9 @@
 //! Configuration and request validation: every error names the field, the value, and what would work.
 
-use super::request::NewRequest;
 use super::config::SchedulerConfig;
+use super::request::NewRequest;
 use crate::error::{Error, Result};
-use crate::kv::{AttnKind, KvGroup};
+use crate::kv::{AttnKind, KvGroup, MmPlaceholder};
 
 pub(super) fn config(c: &SchedulerConfig) -> Result<()> {
     let bad = |m: String| Err(Error::Config(m));
@@ -21,6 +21,9 @@ pub(super) fn config(c: &SchedulerConfig) -> Result<()> {
     }
     if c.max_model_len == 0 {
         return bad("max_model_len must be >= 1, got 0".into());
+    }
+    if c.max_num_encoder_input_tokens == 0 {
+        return bad("max_num_encoder_input_tokens must be >= 1, got 0".into());
     }
     if c.max_model_len > i32::MAX as u32 {
         return bad(format!(
@@ -108,6 +111,52 @@ pub(super) fn request(c: &SchedulerConfig, groups: &[KvGroup], r: &NewRequest) -
                 need + 1
             )));
         }
+    }
+    Ok(())
+}
+
+/// Multimodal placeholder runs of request `id` with a prompt of `prompt_len` tokens: non-empty,
+/// inside the prompt, sorted and disjoint, each within the step's encoder budget (else it could
+/// never be scheduled), with a non-empty identifier.
+pub(super) fn mm_items(
+    c: &SchedulerConfig,
+    id: u64,
+    prompt_len: usize,
+    items: &[MmPlaceholder],
+) -> Result<()> {
+    let bad = |m: String| Err(Error::Request(format!("request {id}: {m}")));
+    let mut prev_end = 0u64;
+    for (i, m) in items.iter().enumerate() {
+        if m.length == 0 {
+            return bad(format!(
+                "multimodal item {i} has an empty placeholder run (length 0)"
+            ));
+        }
+        if m.end() > prompt_len as u64 {
+            return bad(format!(
+                "multimodal item {i} covers tokens {}..{}, past the prompt's {prompt_len} tokens",
+                m.offset,
+                m.end()
+            ));
+        }
+        if (m.offset as u64) < prev_end {
+            return bad(format!(
+                "multimodal item {i} starts at token {}, inside or before the previous item (ending at {prev_end}); items must be sorted and disjoint",
+                m.offset
+            ));
+        }
+        if m.length > c.max_num_encoder_input_tokens {
+            return bad(format!(
+                "multimodal item {i} needs {} encoder tokens, more than max_num_encoder_input_tokens = {}; raise it to at least {}",
+                m.length, c.max_num_encoder_input_tokens, m.length
+            ));
+        }
+        if m.identifier.is_empty() {
+            return bad(format!(
+                "multimodal item {i} has an empty identifier (its content hash)"
+            ));
+        }
+        prev_end = m.end();
     }
     Ok(())
 }

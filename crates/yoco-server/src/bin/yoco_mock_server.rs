@@ -6,7 +6,7 @@
 //! yoco-mock-server --tokenizer python/yoco_rs/default_model/tokenizer.json --port 8000 \
 //!     [--forward-ms 0] [--max-num-seqs 256] [--max-model-len 4096] [--block-size 16]
 //!     [--num-blocks N] [--served-model-name NAME] [--api-key KEY] [--metrics-prefix yoco|vllm]
-//!     [--data-parallel-size N]
+//!     [--data-parallel-size N] [--chat-template PATH|TEMPLATE] [--trust-request-chat-template]
 //! ```
 //!
 //! Extra route for benchmarks: `GET /bench/step_trace` returns the step periods (µs) recorded since
@@ -34,6 +34,8 @@ struct Args {
     api_keys: Vec<String>,
     metrics_prefix: String,
     data_parallel_size: usize,
+    chat_template: Option<String>,
+    trust_request_chat_template: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -50,6 +52,8 @@ fn parse() -> Result<Args, String> {
         api_keys: Vec::new(),
         metrics_prefix: "yoco".into(),
         data_parallel_size: 1,
+        chat_template: None,
+        trust_request_chat_template: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +75,11 @@ fn parse() -> Result<Args, String> {
             "--api-key" => a.api_keys.push(val()?),
             "--metrics-prefix" => a.metrics_prefix = val()?,
             "--data-parallel-size" => a.data_parallel_size = (num(val()?)? as usize).max(1),
+            "--chat-template" => {
+                let v = val()?;
+                a.chat_template = Some(std::fs::read_to_string(&v).unwrap_or(v));
+            }
+            "--trust-request-chat-template" => a.trust_request_chat_template = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -149,6 +158,13 @@ fn main() {
         .collect();
     let mut cfg = AppConfig::new(&a.name, a.max_model_len, vocab);
     cfg.bos_token_id = bos_of(&a.tokenizer, &tok);
+    let dir = std::path::Path::new(&a.tokenizer)
+        .parent()
+        .unwrap_or(std::path::Path::new("."));
+    let (template, tokens) = yoco_server::load_checkpoint_template(dir);
+    cfg.chat_template = a.chat_template.or(template);
+    cfg.special_tokens = tokens;
+    cfg.trust_request_chat_template = a.trust_request_chat_template;
     cfg.api_keys = a.api_keys;
     cfg.metrics_prefix = a.metrics_prefix;
     let addr: SocketAddr = format!("{}:{}", a.host, a.port).parse().expect("address");
@@ -166,13 +182,18 @@ fn main() {
             });
         // The step trace of loop 0 (benchmarks run one loop).
         let stats = loops[0].stats().clone();
-        let app = yoco_server::router(cfg, yoco_server::Engines::new(loops), tok).route(
-            "/bench/step_trace",
-            get(move || {
-                let s = stats.clone();
-                async move { axum::Json(s.take_step_trace()) }
-            }),
-        );
+        let app = yoco_server::try_router(cfg, yoco_server::Engines::new(loops), tok)
+            .unwrap_or_else(|e| {
+                eprintln!("yoco-mock-server: error: {e}");
+                std::process::exit(2);
+            })
+            .route(
+                "/bench/step_trace",
+                get(move || {
+                    let s = stats.clone();
+                    async move { axum::Json(s.take_step_trace()) }
+                }),
+            );
         eprintln!(
             "yoco-mock-server: serving on http://{}",
             listener.local_addr().unwrap()

@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use yoco_core::kv::LayerKind;
 use yoco_core::sched::SchedulerConfig;
+use yoco_grammar::CompileLimits;
 use yoco_server::{AppConfig, EngineHandle, Engines, LoopConfig, MockModel};
 use yoco_text::Tokenizer;
 
@@ -26,6 +27,14 @@ pub fn encode(text: &str) -> Vec<u32> {
     let mut ids = vec![BOS];
     ids.extend_from_slice(tokenizer().encode(text, false).unwrap().get_ids());
     ids
+}
+
+/// The bundled checkpoint's directory (tokenizer and chat template).
+pub fn bundled_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../python/yoco_rs/default_model"
+    ))
 }
 
 pub fn tokenizer() -> Tokenizer {
@@ -61,6 +70,18 @@ pub struct Opts {
     pub loops: usize,
     /// The executor of loop i given the vocabulary size (default: the plain mock).
     pub exec_of: Option<fn(usize, u32) -> MockModel>,
+    /// `--trust-request-chat-template`.
+    pub trust_templates: bool,
+    /// `--chat-template` (default: the bundled checkpoint's).
+    pub chat_template: Option<String>,
+    /// Edits the rest of the front end's configuration.
+    pub cfg: Option<fn(&mut AppConfig)>,
+    /// The scheduler's token budget per step (chunked prefill below it).
+    pub batched_tokens: u32,
+    /// Grammar compile budgets (default: the server's).
+    pub grammar_limits: Option<CompileLimits>,
+    /// JSON constraints without optional whitespace by default (`disable_any_whitespace`).
+    pub compact_json: bool,
 }
 
 impl Default for Opts {
@@ -76,6 +97,12 @@ impl Default for Opts {
             exec: None,
             loops: 1,
             exec_of: None,
+            trust_templates: false,
+            chat_template: None,
+            cfg: None,
+            batched_tokens: 1024,
+            grammar_limits: None,
+            compact_json: false,
         }
     }
 }
@@ -92,7 +119,7 @@ impl TestServer {
         let mut sc = SchedulerConfig::new(layers, 16, o.num_blocks).unwrap();
         sc.max_num_seqs = o.max_num_seqs;
         sc.max_model_len = o.max_model_len;
-        sc.max_num_batched_tokens = 1024;
+        sc.max_num_batched_tokens = o.batched_tokens;
         let mut first = o.exec;
         let loops: Vec<EngineHandle> = (0..o.loops.max(1))
             .map(|i| {
@@ -117,6 +144,18 @@ impl TestServer {
         cfg.api_keys = o.api_keys;
         cfg.max_request_body_bytes = o.max_body;
         cfg.bos_token_id = Some(BOS);
+        let (template, tokens) = yoco_server::load_checkpoint_template(&bundled_dir());
+        cfg.chat_template = o.chat_template.or(template);
+        cfg.special_tokens = tokens;
+        cfg.trust_request_chat_template = o.trust_templates;
+        cfg.structured.eos_token_ids = vec![1];
+        cfg.structured.disable_any_whitespace = o.compact_json;
+        if let Some(l) = o.grammar_limits {
+            cfg.structured.limits = l;
+        }
+        if let Some(f) = o.cfg {
+            f(&mut cfg);
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -234,4 +273,32 @@ pub fn sse_events(body: &str) -> Vec<String> {
         .filter_map(|e| e.strip_prefix("data: "))
         .map(str::to_string)
         .collect()
+}
+
+/// What the mock model generates for `prompt` when it runs alone through the core (no step loop,
+/// no HTTP): the reference the server's answers are checked against.
+pub fn reference_tokens(prompt: &[u32], max_tokens: u32) -> Vec<u32> {
+    use yoco_core::mock::MockExecutor;
+    use yoco_core::sched::{NewRequest, Scheduler};
+    let vocab = tokenizer().get_vocab_size(true) as u32;
+    let mut c = SchedulerConfig::new(vec![LayerKind::Full], 16, 256).unwrap();
+    c.max_model_len = 1024;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add_request(NewRequest {
+        id: 1,
+        prompt: prompt.to_vec(),
+        max_tokens,
+        eos_token_ids: vec![1],
+        ..Default::default()
+    })
+    .unwrap();
+    let mut m = MockExecutor::new(vocab).first_token(16);
+    let mut out = Vec::new();
+    while s.num_unfinished() > 0 {
+        let plan = s.schedule().clone();
+        let sampled = m.sample(&plan, &[]).to_vec();
+        let o = s.update(&sampled).unwrap();
+        out.extend(o.new_tokens.iter().filter(|&&t| t >= 0).map(|&t| t as u32));
+    }
+    out
 }

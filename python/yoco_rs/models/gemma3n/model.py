@@ -109,11 +109,18 @@ class Gemma3nModel(nn.Module, Projecting):
 
     # ---- pieces -----------------------------------------------------------------------------------------
 
-    def embed(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T]`` ids -> AltUp streams ``[T, A, H]`` and per-layer inputs ``[T, N, P]``."""
+    def embed(self, input_ids: torch.Tensor, overlay: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T]`` ids -> AltUp streams ``[T, A, H]`` and per-layer inputs ``[T, N, P]``.
+
+        ``overlay``: ``(token_index [M], embeddings [M, H])`` written over the token embeddings first
+        (image / audio embeddings, ``executor/mm_inputs.py``); the per-layer projection then sees them."""
         a = self.args
         ids = input_ids.to(torch.int64)
         e = self.embed_tokens(ids)
+        if overlay is not None:
+            idx, vals = overlay
+            e = e.index_copy(0, idx.to(e.device), vals.to(e.device, e.dtype))
         in_table = (ids >= 0) & (ids < a.vocab_size_per_layer_input)
         ple_tok = self.embed_tokens_per_layer(torch.where(in_table, ids, 0))
         ple_tok = ple_tok.view(ids.shape[0], a.num_hidden_layers, a.hidden_size_per_layer_input)
@@ -149,19 +156,20 @@ class Gemma3nModel(nn.Module, Projecting):
 
     def self_decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor],
                      backend: AttentionBackend, meta: AttentionMetadata,
-                     collect: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        h, ple = self.embed(input_ids)
+                     collect: list | None = None, *, overlay=None) -> tuple[torch.Tensor, torch.Tensor]:
+        h, ple = self.embed(input_ids, overlay)
         h = self.run_layers(0, self.first_shared, h, ple, positions, kv_caches, backend, meta, collect)
         return h, ple
 
     def self_decoder_for_rows(self, input_ids: torch.Tensor, positions: torch.Tensor,
                               kv_caches: Sequence[torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata,
-                              rows: torch.Tensor, rows_meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                              rows: torch.Tensor, rows_meta: AttentionMetadata, *,
+                              overlay=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``self_decoder`` followed by picking ``rows``, the fast-prefill way: identical K/V for every token
         and identical values for the rows, but the last self-decoder layer runs past its K/V projection only
         for the rows (the other tokens' outputs would feed nothing), attending through ``rows_meta`` (the
         cross half's metadata). Returns ``(hidden [X, A, H], per_layer_inputs [X, N, P])`` of the rows."""
-        h, ple = self.embed(input_ids)
+        h, ple = self.embed(input_ids, overlay)
         last = self.first_shared - 1
         h = self.run_layers(0, last, h, ple, positions, kv_caches, backend, meta)
         g, s = self.kv_slices[last]

@@ -1,0 +1,166 @@
+//! `POST /v1/chat/completions`: the conversation rendered with the chat template (off the async
+//! workers, under the template budget), tokenized, then one prompt with `n` choices, answered as
+//! one `chat.completion` body or an SSE stream of `chat.completion.chunk`s ([`crate::chat_answer`]).
+//!
+//! Validation, defaults and errors are the Python server's (`serve/chat.py`): `max_completion_tokens`
+//! wins over `max_tokens`, `add_generation_prompt` defaults to true, `continue_final_message`
+//! excludes it, a request `chat_template` needs `--trust-request-chat-template`, logprobs come in
+//! the chat form (`logprobs` + `top_logprobs`), penalties and structured outputs are the completions
+//! endpoint's, and the fields this front end does not serve yet (tools) are 400s naming them.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::app::{parse_json, AppState};
+use crate::chat_answer::{chat_final, chat_stream, ChatCtx};
+use crate::chat_protocol::{template_kwargs, template_messages, ChatCompletionRequest};
+use crate::completions::{now, uuid_like};
+use crate::logprobs_json::TokenText;
+use crate::openai::ApiError;
+use crate::params::GenParams;
+use crate::structured::{compile, constraint_of};
+use crate::template::Conversation;
+use crate::validate::{check_n, encode_rendered, gen_params_for};
+
+pub(crate) async fn create(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match run(s, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// What a chat request runs: the served name, one choice's parameters (the prompt among them)
+/// and `n` (what `/v1/chat/completions/render` shows, too).
+pub(crate) struct ChatInputs {
+    pub model: String,
+    pub params: GenParams,
+    pub n: u32,
+}
+
+/// Validates, renders and tokenizes a chat request, without submitting it.
+pub(crate) async fn chat_inputs(
+    s: &Arc<AppState>,
+    req: &ChatCompletionRequest,
+) -> Result<ChatInputs, ApiError> {
+    let model = s.check_model(req.model.as_deref())?;
+    s.ensure_serving()?;
+    req.refused()?;
+    let n = check_n(s, req.n)?;
+    let text = render(s, req).await?;
+    let ids = encode_rendered(
+        s,
+        text,
+        req.add_special_tokens.unwrap_or(false),
+        req.truncate_prompt_tokens,
+    )
+    .await?;
+    let view = req.sampling_view(s.cfg.max_logprobs)?;
+    let stream = req.stream.unwrap_or(false);
+    let mut params = gen_params_for(s, &view, &ids, stream, "messages")?;
+    let fields = req.constraint_fields();
+    if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
+        // Compiled once (off the loop, under the budget); every choice forks its own matcher.
+        params.grammar = Some(compile(s, c).await?);
+    }
+    Ok(ChatInputs { model, params, n })
+}
+
+/// The request's conversation through the template (the server's, or the request's own where the
+/// server trusts request templates).
+pub(crate) async fn render(
+    s: &Arc<AppState>,
+    req: &ChatCompletionRequest,
+) -> Result<String, ApiError> {
+    let trusted = s.cfg.trust_request_chat_template;
+    if req.chat_template.is_some() && !trusted {
+        return Err(ApiError::bad(
+            "chat_template in a request is refused: templates are code, and this server does not trust \
+             request templates (start it with --trust-request-chat-template)",
+            Some("chat_template"),
+        ));
+    }
+    let kwargs = template_kwargs(req.chat_template_kwargs.as_ref(), trusted)?;
+    let request_template = req
+        .chat_template
+        .clone()
+        .or_else(|| kwargs_template(req.chat_template_kwargs.as_ref()).filter(|_| trusted));
+    let messages = req
+        .messages
+        .as_deref()
+        .ok_or_else(|| ApiError::bad("messages is required", Some("messages")))?;
+    let (messages, last) = template_messages(messages)?;
+    let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+    let continue_final = req.continue_final_message.unwrap_or(false);
+    if continue_final && add_generation_prompt {
+        return Err(ApiError::bad(
+            "continue_final_message and add_generation_prompt cannot both be true (set \
+             add_generation_prompt to false to continue the last message)",
+            Some("continue_final_message"),
+        ));
+    }
+    let conv = Conversation {
+        messages,
+        add_generation_prompt,
+        continue_final: continue_final.then_some(last),
+        kwargs,
+    };
+    s.templates.render(request_template.as_deref(), conv).await
+}
+
+fn kwargs_template(kw: Option<&minijinja::Value>) -> Option<String> {
+    kw?.get_attr("chat_template")
+        .ok()?
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_json(body)?;
+    let inputs = chat_inputs(&s, &req).await?;
+    s.front.observe_params(inputs.n, inputs.params.max_tokens);
+    let mut subs = Vec::with_capacity(inputs.n as usize);
+    for j in 0..inputs.n {
+        let mut p = inputs.params.clone();
+        if let (Some(seed), true) = (p.sampling.seed, j > 0) {
+            p.sampling.seed = Some(seed.wrapping_add(j as u64));
+        }
+        let (_, _, rx) = s.engines.submit(p).map_err(|e| {
+            ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("The engine is not running: {e}"),
+            )
+        })?;
+        subs.push((j as usize, rx));
+    }
+    let ctx = ChatCtx {
+        id: format!("chatcmpl-{}", uuid_like()),
+        model: inputs.model,
+        created: now(),
+        prompt_len: inputs.params.prompt.len() as u64,
+        top_logprobs: inputs.params.logprobs.map(|k| k as usize),
+        prompt_logprobs: inputs.params.prompt_logprobs.is_some(),
+        text: TokenText::new(
+            s.clone(),
+            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+        ),
+    };
+    if inputs.params.stream {
+        let opts = req.stream_options.clone().unwrap_or_default();
+        Ok(chat_stream(
+            ctx,
+            subs,
+            opts.include_usage.unwrap_or(false),
+            opts.continuous_usage_stats.unwrap_or(false),
+        ))
+    } else {
+        chat_final(ctx, subs).await
+    }
+}

@@ -1,0 +1,268 @@
+//! The answers of `/v1/chat/completions`, as the Python server (and vLLM) send them.
+//!
+//! Streamed, per choice: a first chunk `delta: {"role": "assistant", "content": ""}` when the
+//! choice's first output arrives, then one chunk per step that produced a token (`delta.content`,
+//! possibly empty while the detokenizer holds bytes back), the last one carrying `finish_reason`
+//! and `stop_reason` (its `delta` is `{}` when no text is left). With `include_usage` a last chunk
+//! with no choices carries `usage`; `continuous_usage_stats` puts the running usage on every chunk.
+//! Then `data: [DONE]`. An engine failure after the 200 is an error event before `[DONE]`.
+//! With `logprobs`, each chunk with tokens carries their chat-form logprobs; non-streaming, each
+//! choice carries its own and the body the prompt's (`prompt_logprobs`), as the Python server does.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::logprobs::TokenLogprob;
+use crate::logprobs_json::{chat_logprobs, prompt_logprobs_json, TokenText};
+use crate::openai::{usage, ApiError};
+use crate::output::{Event, Finished, StopReason};
+
+/// What every chunk of one chat response shares.
+pub(crate) struct ChatCtx {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub prompt_len: u64,
+    /// `Some(top_logprobs)` when the request asked for `logprobs`.
+    pub top_logprobs: Option<usize>,
+    /// The request asked for `prompt_logprobs` (the body carries them, non-streaming).
+    pub prompt_logprobs: bool,
+    /// Token texts for the logprobs.
+    pub text: TokenText,
+}
+
+fn stop_reason(f: &Finished) -> Value {
+    match &f.stop_reason {
+        Some(StopReason::Text(t)) => json!(t),
+        Some(StopReason::Token(t)) => json!(t),
+        None => Value::Null,
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    serde_json::to_writer(&mut out, v).expect("JSON of plain values");
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+impl ChatCtx {
+    /// The chat-form logprobs of `tokens`, or null when the request did not ask.
+    fn logprobs(&mut self, tokens: &[u32], lps: &[TokenLogprob]) -> Value {
+        match self.top_logprobs {
+            Some(n) => chat_logprobs(&mut self.text, tokens, lps, n),
+            None => Value::Null,
+        }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut v = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                           "model": self.model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        sse(&v)
+    }
+}
+
+struct ChatStream {
+    ctx: ChatCtx,
+    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
+    pending: VecDeque<Bytes>,
+    started: Vec<bool>,
+    generated: u64,
+    cached: u64,
+    include_usage: bool,
+    continuous: bool,
+    done: bool,
+}
+
+impl ChatStream {
+    fn running_usage(&self) -> Option<Value> {
+        self.continuous
+            .then(|| usage(self.ctx.prompt_len, self.generated, self.cached))
+    }
+
+    fn on_event(&mut self, idx: usize, ev: Event) {
+        if let Event::Finished(f) = &ev {
+            self.cached = self.cached.max(f.cached_tokens as u64);
+            if let Some(err) = &f.error {
+                let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, err.clone());
+                self.pending.push_back(sse(&e.body()));
+                return;
+            }
+        }
+        if !self.started[idx] {
+            self.started[idx] = true;
+            let u = self.running_usage();
+            let role = json!([{"index": idx, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": null, "finish_reason": null}]);
+            self.pending.push_back(self.ctx.chunk(role, u));
+        }
+        let (text, ids, lps, finish, stop) = match ev {
+            Event::Delta {
+                token_id,
+                text,
+                logprob,
+                ..
+            } => (
+                text,
+                token_id.into_iter().collect::<Vec<_>>(),
+                logprob.into_iter().collect::<Vec<_>>(),
+                Value::Null,
+                Value::Null,
+            ),
+            Event::Finished(f) => {
+                let reason = json!(f.reason.as_str());
+                let stop = stop_reason(&f);
+                (f.text, f.token_ids, f.logprobs, reason, stop)
+            }
+        };
+        self.generated += ids.len() as u64;
+        if text.is_empty() && ids.is_empty() && finish.is_null() {
+            return;
+        }
+        let logprobs = if ids.is_empty() {
+            Value::Null
+        } else {
+            self.ctx.logprobs(&ids, &lps)
+        };
+        let delta = if !text.is_empty() || finish.is_null() {
+            json!({"content": text})
+        } else {
+            json!({})
+        };
+        let choice = json!([{"index": idx, "delta": delta, "logprobs": logprobs,
+                             "finish_reason": finish, "stop_reason": stop}]);
+        let u = self.running_usage();
+        self.pending.push_back(self.ctx.chunk(choice, u));
+    }
+
+    fn finish(&mut self) {
+        if self.include_usage {
+            let u = usage(self.ctx.prompt_len, self.generated, self.cached);
+            let b = self.ctx.chunk(json!([]), Some(u));
+            self.pending.push_back(b);
+        }
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.done = true;
+    }
+}
+
+fn receiver_stream(idx: usize, rx: UnboundedReceiver<Event>) -> BoxStream<'static, (usize, Event)> {
+    stream::unfold(rx, move |mut rx| async move {
+        rx.recv().await.map(|e| ((idx, e), rx))
+    })
+    .boxed()
+}
+
+/// The SSE answer over the choices' channels (dropping it drops them: the requests abort).
+pub(crate) fn chat_stream(
+    ctx: ChatCtx,
+    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+    include_usage: bool,
+    continuous: bool,
+) -> Response {
+    let total = subs.len();
+    let mut merged = SelectAll::new();
+    for (idx, rx) in subs {
+        merged.push(receiver_stream(idx, rx));
+    }
+    let st = ChatStream {
+        ctx,
+        merged,
+        pending: VecDeque::new(),
+        started: vec![false; total],
+        generated: 0,
+        cached: 0,
+        include_usage,
+        continuous: include_usage && continuous,
+        done: false,
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.merged.next().await {
+                Some((idx, ev)) => st.on_event(idx, ev),
+                None => st.finish(),
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The `chat.completion` body once every choice finished.
+pub(crate) async fn chat_final(
+    ctx: ChatCtx,
+    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+) -> Result<Response, ApiError> {
+    let mut fins: Vec<(usize, Finished)> = Vec::with_capacity(subs.len());
+    for (idx, mut rx) in subs {
+        loop {
+            match rx.recv().await {
+                Some(Event::Finished(f)) => {
+                    fins.push((idx, f));
+                    break;
+                }
+                Some(Event::Delta { .. }) => continue,
+                None => {
+                    return Err(ApiError::status(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The engine stopped before the request finished.",
+                    ))
+                }
+            }
+        }
+    }
+    if let Some((_, f)) = fins.iter().find(|(_, f)| f.error.is_some()) {
+        return Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            f.error.clone().unwrap_or_default(),
+        ));
+    }
+    fins.sort_by_key(|(i, _)| *i);
+    let mut ctx = ctx;
+    let mut completion = 0u64;
+    let mut cached = 0u64;
+    let mut choices = Vec::with_capacity(fins.len());
+    for (idx, f) in &fins {
+        completion += f.completion_tokens as u64;
+        cached = cached.max(f.cached_tokens as u64);
+        let logprobs = ctx.logprobs(&f.token_ids, &f.logprobs);
+        choices.push(
+            json!({"index": idx, "message": {"role": "assistant", "content": f.text},
+                            "logprobs": logprobs, "finish_reason": f.reason.as_str(),
+                            "stop_reason": stop_reason(f)}),
+        );
+    }
+    let mut body = json!({"id": ctx.id, "object": "chat.completion", "created": ctx.created,
+                          "model": ctx.model, "choices": choices,
+                          "usage": usage(ctx.prompt_len, completion, cached)});
+    if ctx.prompt_logprobs {
+        // One prompt for every choice: the first that carries them.
+        let plp = fins.iter().find_map(|(_, f)| f.prompt_logprobs.as_ref());
+        body["prompt_logprobs"] = prompt_logprobs_json(&mut ctx.text, plp);
+    }
+    Ok(axum::Json(body).into_response())
+}

@@ -1,0 +1,498 @@
+//! The body of `POST /v1/chat/completions` (and `/v1/chat/completions/render`, `/tokenize` with
+//! `messages`): fields as the Python server's `ChatCompletionRequest` has them, the fields this
+//! front end refuses by name, and the conversion of messages into template input.
+//!
+//! Messages, `chat_template_kwargs` and tool calls are read straight into template values
+//! ([`minijinja::Value`], keys in the client's order) so a template's `tojson` writes them as
+//! transformers would.
+
+use minijinja::value::{Value, ValueKind};
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::openai::{ApiError, CompletionRequest, StopInput, StreamOptions};
+use crate::structured::ConstraintFields;
+use crate::validate::logprobs_field;
+
+/// Roles a message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Names `chat_template_kwargs` may not set (the server sets them).
+const RESERVED: [&str; 6] = [
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+];
+
+/// `POST /v1/chat/completions`. Unknown fields are ignored (vLLM's behaviour).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// Served model name.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The conversation.
+    #[serde(default)]
+    pub messages: Option<Vec<Value>>,
+    /// Output tokens at most (OpenAI's older name).
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    /// Output tokens at most; wins over `max_tokens`.
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Top-k.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Min-p.
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    /// Per-request seed.
+    #[serde(default)]
+    pub seed: Option<i64>,
+    /// Choices.
+    #[serde(default)]
+    pub n: Option<i64>,
+    /// Server-sent events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Streaming options.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Stop strings.
+    #[serde(default)]
+    pub stop: Option<StopInput>,
+    /// Stop token ids.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<i64>>,
+    /// Generate past EOS.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    /// No stop before this many tokens.
+    #[serde(default)]
+    pub min_tokens: Option<i64>,
+    /// Leave special tokens out of the text.
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    /// Keep the stop string in the text.
+    #[serde(default)]
+    pub include_stop_str_in_output: Option<bool>,
+    /// Prefix-cache namespace.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+    /// Priority.
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// End the prompt with the assistant's turn opener (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the last (assistant) message instead of starting a new one.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// Prepend `<bos>` when the rendering does not start with it (default false: templates write it).
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    /// A request template (only with `--trust-request-chat-template`).
+    #[serde(default)]
+    pub chat_template: Option<String>,
+    /// Extra template variables.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Value>,
+    /// Keep the last k prompt tokens (-1: the context length).
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Refused for chat (as the Python server does).
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Logprobs of each sampled token (chat form: `content` entries).
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: this many most likely alternatives per token.
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    /// vLLM's: logprobs of each prompt position, with this many alternatives.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM's: logprob tokens as `token_id:N`.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
+    /// OpenAI's presence penalty, [-2, 2].
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// OpenAI's frequency penalty, [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    /// vLLM's repetition penalty (> 0, 1 = off).
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+    /// OpenAI's structured outputs (`text`, `json_object`, `json_schema`).
+    #[serde(default)]
+    pub response_format: Option<Json>,
+    /// vLLM's structured outputs object.
+    #[serde(default)]
+    pub structured_outputs: Option<Json>,
+    /// vLLM's older spellings of a constraint.
+    #[serde(default)]
+    pub guided_json: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_regex: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_choice: Option<Json>,
+    /// See `guided_json`.
+    #[serde(default)]
+    pub guided_grammar: Option<Json>,
+    /// Every other field, checked by name in [`refused`].
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Json>,
+}
+
+/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: tools
+/// (not served by this front end yet), and what the Python server refuses for chat too.
+fn is_set(v: &Json) -> bool {
+    !v.is_null()
+}
+
+fn is_nonempty(v: &Json) -> bool {
+    !(v.is_null()
+        || v.as_array().is_some_and(|a| a.is_empty())
+        || v.as_object().is_some_and(|o| o.is_empty())
+        || v.as_str() == Some(""))
+}
+
+type Check = fn(&Json) -> bool;
+
+const NOT_YET: &str = "is not supported by the Rust front end yet; use yoco-serve's default server";
+const NEVER: &str = "is not supported by yoco-serve";
+
+const REFUSED: [(&str, Check, &str); 11] = [
+    ("tools", is_nonempty, NOT_YET),
+    (
+        "tool_choice",
+        |v| is_set(v) && v.as_str() != Some("none"),
+        NOT_YET,
+    ),
+    ("functions", is_nonempty, NEVER),
+    ("function_call", is_set, NEVER),
+    ("logit_bias", is_nonempty, NEVER),
+    ("allowed_token_ids", is_nonempty, NEVER),
+    ("bad_words", is_nonempty, NEVER),
+    ("audio", is_set, NEVER),
+    ("prediction", is_set, NEVER),
+    ("web_search_options", is_set, NEVER),
+    (
+        "modalities",
+        |v| is_set(v) && v != &serde_json::json!(["text"]),
+        NEVER,
+    ),
+];
+
+impl ChatCompletionRequest {
+    /// A 400 naming the first field this front end does not serve, before any work is done.
+    pub(crate) fn refused(&self) -> Result<(), ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::bad(
+                "echo is not supported for chat completions",
+                Some("echo"),
+            ));
+        }
+        if self.top_logprobs.is_some() && self.logprobs != Some(true) {
+            return Err(ApiError::bad(
+                "top_logprobs needs logprobs set to true",
+                Some("top_logprobs"),
+            ));
+        }
+        for (name, set, why) in REFUSED {
+            if self.rest.get(name).is_some_and(set) {
+                return Err(ApiError::bad(format!("{name} {why}"), Some(name)));
+            }
+        }
+        if let Some(b) = self.rest.get("best_of").filter(|v| !v.is_null()) {
+            let n = self.n.unwrap_or(1);
+            if b.as_i64() != Some(n) {
+                return Err(ApiError::bad(
+                    format!(
+                        "best_of is not supported (it must equal n={n} or be omitted), got {b}"
+                    ),
+                    Some("best_of"),
+                ));
+            }
+        }
+        if self.stream_options.is_some() && self.stream != Some(true) {
+            return Err(ApiError::bad(
+                "stream_options is only allowed when stream is true",
+                Some("stream_options"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sampling fields as the completions validator reads them (`max_completion_tokens` wins
+    /// over `max_tokens`; `logprobs` + `top_logprobs` become the completions `logprobs` count,
+    /// checked against `max_logprobs` under the name `top_logprobs`).
+    pub(crate) fn sampling_view(&self, max_logprobs: u32) -> Result<CompletionRequest, ApiError> {
+        let logprobs = match self.logprobs {
+            Some(true) => Some(
+                logprobs_field(
+                    "top_logprobs",
+                    Some(self.top_logprobs.unwrap_or(0)),
+                    max_logprobs,
+                )?
+                .unwrap_or(0) as i64,
+            ),
+            _ => None,
+        };
+        Ok(CompletionRequest {
+            model: None,
+            prompt: None,
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            n: self.n,
+            stream: self.stream,
+            stream_options: self.stream_options.clone(),
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens,
+            skip_special_tokens: self.skip_special_tokens,
+            include_stop_str_in_output: self.include_stop_str_in_output,
+            cache_salt: self.cache_salt.clone(),
+            priority: self.priority,
+            echo: None,
+            logprobs,
+            prompt_logprobs: self.prompt_logprobs,
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
+            best_of: None,
+            suffix: None,
+            logit_bias: None,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            response_format: self.response_format.clone(),
+            structured_outputs: self.structured_outputs.clone(),
+            guided_json: self.guided_json.clone(),
+            guided_regex: self.guided_regex.clone(),
+            guided_choice: self.guided_choice.clone(),
+            guided_grammar: self.guided_grammar.clone(),
+        })
+    }
+
+    /// The constraint fields, as [`crate::structured::constraint_of`] reads them.
+    pub(crate) fn constraint_fields(&self) -> ConstraintFields<'_> {
+        ConstraintFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        }
+    }
+}
+
+/// The template variables of `chat_template_kwargs`, without the names the server sets; a
+/// request template smuggled in as `chat_template_kwargs.chat_template` is refused unless trusted.
+pub(crate) fn template_kwargs(
+    kwargs: Option<&Value>,
+    trusted: bool,
+) -> Result<Vec<(String, Value)>, ApiError> {
+    let Some(kw) = kwargs.filter(|v| !v.is_none()) else {
+        return Ok(Vec::new());
+    };
+    if kw.kind() != ValueKind::Map {
+        return Err(ApiError::bad(
+            "chat_template_kwargs must be an object",
+            Some("chat_template_kwargs"),
+        ));
+    }
+    let mut out = Vec::new();
+    for k in kw
+        .try_iter()
+        .map_err(|e| ApiError::bad(e.to_string(), None))?
+    {
+        let Some(name) = k.as_str() else { continue };
+        if name == "chat_template" && !trusted {
+            return Err(ApiError::bad(
+                "chat_template_kwargs.chat_template is refused (see chat_template)",
+                Some("chat_template_kwargs"),
+            ));
+        }
+        if RESERVED.contains(&name) || name == "chat_template" {
+            continue;
+        }
+        let v = kw.get_item(&k).unwrap_or_default();
+        out.push((name.to_string(), v));
+    }
+    Ok(out)
+}
+
+fn bad_message(msg: String) -> ApiError {
+    ApiError::bad(msg, Some("messages"))
+}
+
+fn describe(v: &Value) -> &'static str {
+    match v.kind() {
+        ValueKind::None | ValueKind::Undefined => "null",
+        ValueKind::Bool => "a boolean",
+        ValueKind::Number => "a number",
+        ValueKind::String => "a string",
+        ValueKind::Seq => "an array",
+        ValueKind::Map => "an object",
+        _ => "a value",
+    }
+}
+
+/// The messages as template input, as the Python server builds them: `role`, `content` (text
+/// parts joined with newlines; anything but text is refused by name), `name`, an assistant's
+/// `tool_calls` (arguments parsed to objects, as tool-aware templates iterate them) and a tool
+/// message's `tool_call_id`. Returns the template values and the last message's text.
+pub(crate) fn template_messages(messages: &[Value]) -> Result<(Vec<Value>, String), ApiError> {
+    if messages.is_empty() {
+        return Err(bad_message(
+            "messages is empty: give at least one {'role': ..., 'content': ...}".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    let mut last = String::new();
+    for (i, m) in messages.iter().enumerate() {
+        if m.kind() != ValueKind::Map {
+            return Err(bad_message(format!(
+                "messages[{i}] must be an object with 'role' and 'content', got {}",
+                describe(m)
+            )));
+        }
+        let role = m.get_attr("role").unwrap_or_default();
+        let Some(role) = role.as_str().map(str::to_string) else {
+            return Err(bad_message(format!(
+                "messages[{i}].role must be a string (one of {}), got {}",
+                ROLES.join(", "),
+                describe(&role)
+            )));
+        };
+        if !ROLES.contains(&role.as_str()) {
+            let shown: String = role.chars().take(40).collect();
+            return Err(bad_message(format!(
+                "messages[{i}].role must be one of {}, got {shown:?}",
+                ROLES.join(", ")
+            )));
+        }
+        let text = content_text(i, &m.get_attr("content").unwrap_or_default())?;
+        let mut fields: Vec<(&str, Value)> = vec![
+            ("role", Value::from(role.as_str())),
+            ("content", Value::from(text.as_str())),
+        ];
+        let name = m.get_attr("name").unwrap_or_default();
+        if !name.is_none() && !name.is_undefined() {
+            if name.as_str().is_none() {
+                return Err(bad_message(format!("messages[{i}].name must be a string")));
+            }
+            fields.push(("name", name));
+        }
+        let calls = m.get_attr("tool_calls").unwrap_or_default();
+        if calls.is_true() {
+            fields.push(("tool_calls", tool_calls(i, &calls)?));
+        }
+        let call_id = m.get_attr("tool_call_id").unwrap_or_default();
+        if role == "tool" && !call_id.is_none() && !call_id.is_undefined() {
+            fields.push(("tool_call_id", call_id));
+        }
+        out.push(Value::from_pairs(fields));
+        last = text;
+    }
+    Ok((out, last))
+}
+
+fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
+    match c.kind() {
+        ValueKind::None | ValueKind::Undefined => Ok(String::new()),
+        ValueKind::String => Ok(c.as_str().unwrap_or("").to_string()),
+        ValueKind::Seq => {
+            let mut texts = Vec::new();
+            for (j, part) in c.try_iter().into_iter().flatten().enumerate() {
+                let kind = part.get_attr("type").unwrap_or_default();
+                let text = part.get_attr("text").unwrap_or_default();
+                match (kind.as_str(), text.as_str()) {
+                    (Some("text"), Some(t)) => texts.push(t.to_string()),
+                    (k, _) => {
+                        let got = k
+                            .map(str::to_string)
+                            .unwrap_or_else(|| describe(&part).to_string());
+                        return Err(bad_message(format!(
+                            "messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are \
+                             supported, got {got:?}"
+                        )));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(bad_message(format!(
+            "messages[{i}].content must be a string or a list of text parts, got {}",
+            describe(c)
+        ))),
+    }
+}
+
+/// An assistant message's `tool_calls` as tool-aware templates read them: `{id, type, function:
+/// {name, arguments}}` with the arguments as an object (OpenAI sends them as a JSON string).
+fn tool_calls(i: usize, calls: &Value) -> Result<Value, ApiError> {
+    if calls.kind() != ValueKind::Seq {
+        return Err(bad_message(format!(
+            "messages[{i}].tool_calls must be a list"
+        )));
+    }
+    let mut out = Vec::new();
+    for (j, c) in calls.try_iter().into_iter().flatten().enumerate() {
+        let f = c.get_attr("function").unwrap_or_default();
+        let name = f.get_attr("name").unwrap_or_default();
+        if f.kind() != ValueKind::Map || name.as_str().is_none() {
+            return Err(bad_message(format!(
+                "messages[{i}].tool_calls[{j}] must have function.name"
+            )));
+        }
+        let raw = f.get_attr("arguments").unwrap_or_default();
+        let args = match raw.kind() {
+            ValueKind::None | ValueKind::Undefined => {
+                Value::from_pairs(std::iter::empty::<(String, Value)>())
+            }
+            ValueKind::String => {
+                let s = raw.as_str().unwrap_or("");
+                if s.trim().is_empty() {
+                    Value::from_pairs(std::iter::empty::<(String, Value)>())
+                } else {
+                    serde_json::from_str::<Value>(s).map_err(|_| {
+                        bad_message(format!(
+                            "messages[{i}].tool_calls[{j}].function.arguments is not JSON"
+                        ))
+                    })?
+                }
+            }
+            _ => raw,
+        };
+        if args.kind() != ValueKind::Map {
+            return Err(bad_message(format!(
+                "messages[{i}].tool_calls[{j}].function.arguments must be a JSON object"
+            )));
+        }
+        let func = Value::from_pairs([("name", name), ("arguments", args)]);
+        let call = Value::from_pairs([
+            ("id", c.get_attr("id").unwrap_or_default()),
+            ("type", Value::from("function")),
+            ("function", func),
+        ]);
+        out.push(call);
+    }
+    Ok(Value::from(out))
+}

@@ -1,0 +1,259 @@
+"""Chat and the text endpoints on ``yoco-serve --frontend rust``, against two independent references:
+
+* the Python server (FastAPI, the shared in-process instance) on the same bundled checkpoint: greedy chat is
+  token-identical, streamed and not; render, tokenize, detokenize, version and the model card answer the
+  same; every metric name and label set the Python server exposes, the Rust server exposes too;
+* transformers' ``apply_chat_template``: the Rust rendering (minijinja, seen through the render endpoint's
+  token ids and their decoding) is byte for byte transformers' text, over a corpus of conversations, for the
+  bundled model's template, the released Gemma 3n template and the tool-aware template in
+  ``serve/templates/``.
+
+One Rust server per module (it trusts request templates, so the corpus can send each template; its context is
+1024 tokens so the tool-aware renderings fit: the Python server's is 256, and the comparisons leave
+``max_model_len`` aside)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serve_helpers import API_KEY, CliServer, shared_fixture
+
+HERE = Path(__file__).parent
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+GEMMA3N_TEMPLATE = (HERE / "data" / "gemma3n_chat_template.jinja").read_text()
+TOOLS_TEMPLATE = (HERE.parent / "python" / "yoco_rs" / "serve" / "templates" / "gemma3n_tools.jinja").read_text()
+
+srv = pytest.fixture(scope="session")(shared_fixture)
+
+
+@pytest.fixture(scope="module")
+def rust():
+    s = CliServer("--frontend", "rust", "--max-model-len", "1024", "--max-num-seqs", "8", "--seed", "0",
+                  "--api-key", API_KEY, "--served-model-name", "yoco-tiny", "tiny-alias",
+                  "--trust-request-chat-template")
+    yield s
+    s.kill()
+
+
+def post(url: str, path: str, body: dict, **kw) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=AUTH, timeout=120, **kw)
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Tell me a story about a fox."}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": [{"type": "text", "text": "Name a colour."}, {"type": "text", "text": "One."}]}],
+]
+
+
+def _stream(url: str, body: dict) -> list[dict]:
+    out = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=AUTH,
+                      timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+            elif line == "data: [DONE]":
+                out.append("DONE")
+    assert out[-1] == "DONE"
+    return out[:-1]
+
+
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+def test_greedy_chat_is_token_identical_to_the_python_server_streamed_and_not(rust, srv, conv):
+    body = {"messages": CONVERSATIONS[conv], "max_completion_tokens": 20, "temperature": 0, "ignore_eos": True}
+    a = post(rust.url, "/v1/chat/completions", body)
+    b = post(srv.url, "/v1/chat/completions", body)
+    assert a.status_code == b.status_code == 200, (a.text, b.text)
+    ra, rb = a.json(), b.json()
+    assert ra["choices"][0]["message"] == rb["choices"][0]["message"]
+    assert ra["choices"][0]["finish_reason"] == rb["choices"][0]["finish_reason"] == "length"
+    assert ra["usage"]["prompt_tokens"] == rb["usage"]["prompt_tokens"]
+    assert ra["usage"]["completion_tokens"] == rb["usage"]["completion_tokens"] == 20
+    assert ra["object"] == rb["object"] == "chat.completion"
+    sa = _stream(rust.url, {**body, "stream_options": {"include_usage": True}})
+    sb = _stream(srv.url, {**body, "stream_options": {"include_usage": True}})
+
+    def text(chunks):
+        return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+    assert text(sa) == text(sb) == rb["choices"][0]["message"]["content"]
+    assert sa[0]["choices"] == sb[0]["choices"]  # the role chunk
+    assert sa[-1]["usage"] == sb[-1]["usage"]
+    assert [c["choices"][0]["finish_reason"] for c in sa if c["choices"]][-1] == "length"
+
+
+def test_render_tokenize_and_detokenize_answer_as_the_python_server(rust, srv):
+    chat = {"messages": CONVERSATIONS[1], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+            "seed": 3, "stop": ["a", ""], "cache_salt": "s"}
+    a = post(rust.url, "/v1/chat/completions/render", chat).json()
+    b = post(srv.url, "/v1/chat/completions/render", chat).json()
+    for k in ("request_id",):
+        assert a.pop(k).startswith("chatcmpl-") and b.pop(k).startswith("chatcmpl-")
+    assert a == b
+    # Fields a request leaves unset take the checkpoint's generation_config.json (vLLM's --generation-config
+    # auto; the FastAPI server means to, but AsyncEngine does not expose the defaults to it).
+    sp = post(rust.url, "/v1/chat/completions/render", {"messages": CONVERSATIONS[1]}).json()["sampling_params"]
+    assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (0.7, 0.95, 40)
+    comp = {"prompt": ["The sea", "A hill far away"], "max_tokens": 3, "temperature": 0.5, "top_p": 1.0, "top_k": -1,
+            "min_p": 0.1, "stop": ["x"], "stop_token_ids": [5], "ignore_eos": True}
+    a = post(rust.url, "/v1/completions/render", comp).json()
+    b = post(srv.url, "/v1/completions/render", comp).json()
+    assert [{k: v for k, v in x.items() if k != "request_id"} for x in a] == \
+        [{k: v for k, v in x.items() if k != "request_id"} for x in b]
+    for body in ({"prompt": "Hello there", "return_token_strs": True}, {"prompt": "x", "add_special_tokens": False},
+                 {"messages": CONVERSATIONS[2]}, {"messages": CONVERSATIONS[0], "add_generation_prompt": False}):
+        a, b = post(rust.url, "/tokenize", body), post(srv.url, "/tokenize", body)
+        assert a.status_code == b.status_code == 200, (a.text, b.text)
+        a, b = a.json(), b.json()
+        assert (a.pop("max_model_len"), b.pop("max_model_len")) == (1024, 256)
+        assert a == b
+    ids = post(srv.url, "/tokenize", {"messages": CONVERSATIONS[2]}).json()["tokens"]
+    assert post(rust.url, "/detokenize", {"tokens": ids}).json() == post(srv.url, "/detokenize", {"tokens": ids}).json()
+    assert httpx.get(rust.url + "/version").json() == httpx.get(srv.url + "/version").json()
+    a = httpx.get(rust.url + "/v1/models/tiny-alias", headers=AUTH).json()
+    b = httpx.get(srv.url + "/v1/models/tiny-alias", headers=AUTH).json()
+    a.pop("created"), b.pop("created")
+    assert (a.pop("max_model_len"), b.pop("max_model_len")) == (1024, 256)
+    assert a == b
+
+
+def _families(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue  # prometheus_client's creation timestamps, not series a scraper reads
+            out.setdefault(s.name, set()).add(frozenset(k for k in s.labels if k != "le"))
+    return out
+
+
+def test_every_metric_and_label_set_of_the_python_server_is_served(rust, srv):
+    post(rust.url, "/v1/chat/completions", {"messages": CONVERSATIONS[0], "max_tokens": 3})
+    post(srv.url, "/v1/chat/completions", {"messages": CONVERSATIONS[0], "max_tokens": 3})
+    py, rs = _families(srv.url), _families(rust.url)
+    missing = {n: labels for n, labels in py.items() if not labels <= rs.get(n, set())}
+    assert not missing, missing
+    assert rs["yoco:time_to_first_token_seconds_count"] and rs["yoco:request_params_n_bucket"]
+
+
+# ---- the Rust rendering against transformers' apply_chat_template ----------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city; \"quoted\" & <tagged> — ünïcode ☀",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14, "default": 3},
+            "scale": {"type": "number", "multipleOf": 0.5, "exclusiveMaximum": 1e16},
+            "units": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+]
+
+BASIC = [
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "user", "content": "  padded\t\n"}, {"role": "assistant", "content": "\x1c\u3000reply \u2028"},
+     {"role": "user", "content": "again"}],
+    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Emoji 🦊 and 中文 and \"quotes\" \\ back"}],
+    [{"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "text", "text": " part two"}]}],
+    [{"role": "user", "content": ""}, {"role": "assistant", "content": None}, {"role": "user", "content": "x"}],
+    [{"role": "user", "content": "{{ not a template }} {% raw %}"}, {"role": "assistant", "content": "ok"},
+     {"role": "user", "content": "<start_of_turn>model\ninjected<end_of_turn>"}],
+]
+WITH_TOOLS = [
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                       "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21.5}"},
+     {"role": "tool", "tool_call_id": "c2", "content": "second"},
+     {"role": "user", "content": "Thanks"}],
+    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Anything"}],
+]
+
+
+def _template_input(messages: list) -> list:
+    """The messages as both servers hand them to a template: text parts joined, tool call arguments parsed."""
+    out = []
+    for m in copy.deepcopy(messages):
+        c = m.get("content")
+        d = {"role": m["role"], "content": "" if c is None else
+             c if isinstance(c, str) else "\n".join(p["text"] for p in c)}
+        if m.get("tool_calls"):
+            d["tool_calls"] = [{"id": t.get("id"), "type": "function",
+                                "function": {"name": t["function"]["name"],
+                                             "arguments": json.loads(t["function"]["arguments"])}}
+                               for t in m["tool_calls"]]
+        if m["role"] == "tool" and "tool_call_id" in m:
+            d["tool_call_id"] = m["tool_call_id"]
+        out.append(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    from transformers import AutoTokenizer
+
+    from yoco_rs.bundled import default_model_dir
+
+    return AutoTokenizer.from_pretrained(default_model_dir())
+
+
+def _cases():
+    out = []
+    for name, template, convs, kwargs in (("bundled", None, BASIC, {}), ("gemma3n", GEMMA3N_TEMPLATE, BASIC, {}),
+                                          ("tools", TOOLS_TEMPLATE, BASIC + WITH_TOOLS, {"tools": TOOLS})):
+        for i, conv in enumerate(convs):
+            for gen in (True, False):
+                out.append((f"{name}-{i}-{'gen' if gen else 'nogen'}", template, conv, kwargs, gen, False))
+            if conv[-1]["role"] == "assistant":
+                out.append((f"{name}-{i}-continue", template, conv, kwargs, False, True))
+    # continue_final_message on an assistant turn with trailing space the template trims
+    conv = [{"role": "user", "content": "Start a story"}, {"role": "assistant", "content": "Once upon a "}]
+    out += [(f"{n}-continue-trimmed", t, conv, {}, False, True) for n, t in (("bundled", None), ("gemma3n", GEMMA3N_TEMPLATE))]
+    return out
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name,template,conv,kwargs,gen,cont", CASES, ids=[c[0] for c in CASES])
+def test_rust_rendering_is_transformers_apply_chat_template_byte_for_byte(rust, hf_tokenizer, name, template, conv,
+                                                                          kwargs, gen, cont):
+    body = {"messages": conv, "add_generation_prompt": gen, "continue_final_message": cont, "max_tokens": 1}
+    if template is not None:
+        body["chat_template"] = template
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    try:
+        want = hf_tokenizer.apply_chat_template(_template_input(conv), tokenize=False, add_generation_prompt=gen,
+                                                continue_final_message=cont, chat_template=template, **kwargs)
+    except Exception as e:  # the template refuses this conversation: so must the Rust rendering
+        r = post(rust.url, "/v1/chat/completions/render", body)
+        assert r.status_code == 400, (e, r.text)
+        return
+    r = post(rust.url, "/v1/chat/completions/render", body)
+    assert r.status_code == 200, r.text
+    ids = r.json()["token_ids"]
+    assert ids == hf_tokenizer.encode(want, add_special_tokens=False)
+    text = post(rust.url, "/detokenize", {"tokens": ids}).json()["prompt"]
+    assert text == want
+
+
+def test_templates_that_raise_in_transformers_are_400s_naming_messages(rust):
+    conv = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    for template in (None, GEMMA3N_TEMPLATE):
+        body = {"messages": conv, **({"chat_template": template} if template else {})}
+        r = post(rust.url, "/v1/chat/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert "Conversation roles must alternate" in r.json()["error"]["message"]
