@@ -4,13 +4,14 @@ KV heads of 256), on a 3-layer model (two producers, one KV-sharing layer): ever
 
 Without padding, a token's logits are bit-identical whether it is decoded alone, decoded next to other
 rows, prefilled as part of a chunk, or computed with fast prefill off; and they match transformers'
-whole-sequence forward (the same GEMM order: 0.0 under the locked build). ~1.5 GB, ~20 s."""
+whole-sequence forward (the same GEMM order: 0.0 under the locked build). Both with the kernel and as on a
+CPU without it (GEMMs under 4 rows padded in torch: the same guarantees). ~1.5 GB, ~20 s each."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from model_harness import PagedSim, Row, executor_from_hf
+from model_harness import CoreWithoutKernel, PagedSim, Row, executor_from_hf
 from numerics import hf_tol
 from tiny import tiny_hf_model
 
@@ -27,6 +28,19 @@ E2B_WIDTH = dict(
 @pytest.fixture(scope="module")
 def hf():
     return tiny_hf_model(seed=11, **E2B_WIDTH)
+
+
+@pytest.fixture(params=["kernel", "no-kernel"])
+def kernel(request, monkeypatch):
+    """The row-invariant linear with its kernel (where the CPU has it) and as on a CPU without AVX2/FMA
+    (every GEMM under 4 rows padded in torch): the guarantees are the same either way."""
+    from yoco_rs.executor import cpu_linear
+
+    if request.param == "no-kernel":
+        monkeypatch.setattr(cpu_linear, "_core", lambda: CoreWithoutKernel)
+    elif not cpu_linear._core().cpu_linear_available():
+        pytest.skip("the CPU linear kernel needs AVX2 and FMA (the no-kernel case runs)")
+    return request.param
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -48,9 +62,10 @@ def _logits(ex, steps) -> dict:
     return out
 
 
-def test_a_token_rounds_the_same_decoded_alone_batched_prefilled_and_with_fast_prefill_off(hf):
+def test_a_token_rounds_the_same_decoded_alone_batched_prefilled_and_with_fast_prefill_off(hf, kernel):
     a, b = _tokens(1, 50), _tokens(2, 45)
     fast = executor_from_hf(hf, kv_sharing_fast_prefill=True)
+    assert fast.linear.kernel == (kernel == "kernel")
     # a: 40-token prefill, then 10 one-row decode steps
     alone = _logits(fast, [[("a", a, 40, 1)]] + [[("a", a, 1, 1)]] * 10)
     # a decoded next to b (2-row steps), then the same positions as one prefill chunk sampling every token

@@ -53,7 +53,9 @@ PAD = 16
 lines to the same L1 sets)."""
 BF16_KC = 192
 """bf16 block size (any fixed value is invariant; MKL's f32 one, so bf16 = rounded f32 order)."""
-PROBE_COLUMNS = 24
+PROBE_COLUMNS = (24, 520)
+"""Output widths of the calibration probe: MKL picks its GEMM path by shape, so the block size is only
+taken where it reproduces MKL at a narrow and at a wide N (on another CPU MKL may sum otherwise)."""
 TINY = 1 << 16
 """GEMMs with at most this many weights (AltUp's 4 x 4, 16 x 4, 4 x 2048) run padded to 4 rows in torch:
 cheaper than a kernel call at their size, and as row-invariant (bf16: on the widened values, rounded
@@ -159,7 +161,8 @@ class RowInvariantLinear:
     @classmethod
     def kc_for(cls, k: int) -> int | None:
         """MKL's block size for K (the first candidate whose kernel output equals MKL's 4-row GEMM on
-        random data, at 1 and 4 rows), or None: pad this K's GEMMs instead."""
+        random data, at 1 and 4 rows, for each of ``PROBE_COLUMNS``), or None: pad this K's GEMMs instead
+        (no AVX2/FMA for the kernel, or this CPU's MKL sums in an order the kernel does not reproduce)."""
         got = cls._kc.get(k, -1)
         if got != -1:
             return got
@@ -168,16 +171,19 @@ class RowInvariantLinear:
                 return cls._kc[k]
             g = torch.Generator().manual_seed(k)
             x = torch.randn(MIN_GEMM_ROWS, k, generator=g)
-            w = torch.randn(PROBE_COLUMNS, k, generator=g)
-            wk = cpu_weight(PROBE_COLUMNS, k, torch.float32)
-            wk.copy_(w)
+            probes = []
+            for n in PROBE_COLUMNS:
+                w = torch.randn(n, k, generator=g)
+                wk = cpu_weight(n, k, torch.float32)
+                wk.copy_(w)
+                probes.append((wk, F.linear(x, w)))
             with torch.inference_mode():
-                ref = F.linear(x, w)
                 found = None
-                if torch.equal(F.linear(x, wk), ref):  # MKL: the same values from the K-major layout
+                # MKL: the same values from the K-major layout
+                if all(torch.equal(F.linear(x, wk), ref) for wk, ref in probes):
                     for kc in dict.fromkeys([192, k, -(-k // 2), 128, 256, 96, 64, 384, 512]):
                         if 1 <= kc <= k and all(torch.equal(kernel_linear(x[:m], wk, kc, 1), ref[:m])
-                                                for m in (1, 4)):
+                                                for wk, ref in probes for m in (1, 4)):
                             found = kc
                             break
             cls._kc[k] = found
