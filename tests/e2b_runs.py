@@ -86,13 +86,28 @@ def hf_tokens(model, prompts: list[list[int]], max_tokens: int) -> list[list[int
     return out
 
 
-def hf_time(model, prompts: list[list[int]], new: int) -> float:
+def stamp() -> tuple[float, float]:
+    """(wall s, process CPU s) now."""
+    return time.perf_counter(), time.process_time()
+
+
+def hf_time(model, prompts: list[list[int]], new: int) -> list[tuple[float, float]]:
+    """Stamps of a batched ``generate``: before it, then after each forward (a logits processor runs once
+    per generated token: after the prefill, then after each decode step)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps = [stamp()]
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(stamp())
+            return scores
+
     ids = torch.tensor(prompts)  # equal lengths: no padding
-    t = time.perf_counter()
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False)
-    return time.perf_counter() - t
+                       do_sample=False, logits_processor=LogitsProcessorList([Stamp()]))
+    return stamps
 
 
 # ---- yoco-rs --------------------------------------------------------------------------------------------------
@@ -114,13 +129,31 @@ def yoco_tokens(eng, prompts: list[list[int]], max_tokens: int) -> list[list[int
     return [list(o.outputs[0].token_ids) for o in eng.generate(prompts, p, use_tqdm=False)]
 
 
-def yoco_time(eng, prompts: list[list[int]], new: int) -> float:
+def yoco_time(eng, prompts: list[list[int]], new: int) -> list[tuple[float, float]]:
+    """Stamps of serving ``prompts`` together: before, then after each engine step (the first step
+    prefills every prompt of 32 tokens, each later one decodes every stream)."""
     from yoco_rs import SamplingParams
 
     p = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new, ignore_eos=True)
-    t = time.perf_counter()
-    eng.generate(prompts, p, use_tqdm=False)
-    return time.perf_counter() - t
+    for i, prompt in enumerate(prompts):
+        eng.add_request(f"t{time.monotonic_ns()}-{i}", prompt, p)
+    stamps = [stamp()]
+    while eng.has_unfinished_requests():
+        eng.step()
+        stamps.append(stamp())
+    return stamps
+
+
+def step_times(stamps: list[tuple[float, float]]) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+    """(prefill (wall, CPU), decode steps' (wall, CPU)) from ``*_time`` stamps: the first interval is the
+    prefill, every later one a decode step."""
+    d = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps, stamps[1:])]
+    return d[0], d[1:]
+
+
+def median(v: list[float]) -> float:
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 # ---- the two kinds of run ---------------------------------------------------------------------------------------
@@ -159,17 +192,18 @@ def run(args) -> dict:
         steps = args.decode_steps
         gen_time(speed_prompts(1, 16, seed=0), 2)  # warm-up
         for streams in (() if args.no_decode else (1, 8)):
-            prompts = speed_prompts(streams, 32, seed=streams)
-            first = gen_time(prompts, 1)
-            total = gen_time(prompts, 1 + steps)
-            out[f"decode_ms_per_step_{streams}"] = 1e3 * (total - first) / steps
+            _, decode = step_times(gen_time(speed_prompts(streams, 32, seed=streams), 1 + steps))
+            # medians: a step that lost its core to another process for a while does not count
+            out[f"decode_ms_per_step_{streams}"] = 1e3 * median([w for w, _ in decode])
+            out[f"decode_cpu_ms_per_step_{streams}"] = 1e3 * median([c for _, c in decode])
         if args.prefill:
             prompts = speed_prompts(1, args.prefill, seed=99)
             if args.save_logits and args.impl == "yoco":  # the prefill step's last-token logits
                 runner, seen = model._runner, []
                 real = runner.execute
                 runner.execute = lambda b, **kw: seen.append(real(b, **kw)) or seen[-1]
-            out[f"prefill_{args.prefill}_s"] = gen_time(prompts, 1)
+            (wall, cpu), _ = step_times(gen_time(prompts, 1))
+            out[f"prefill_{args.prefill}_s"], out[f"prefill_{args.prefill}_cpu_s"] = wall, cpu
             if args.save_logits and args.impl == "yoco":
                 runner.execute = real
                 torch.save(seen[-1][-1].clone(), args.save_logits)

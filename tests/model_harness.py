@@ -156,6 +156,21 @@ def hf_reference(hf_model, tokens: list[int]) -> HFRef:
     return HFRef(outs, logits.float())
 
 
+class CoreWithoutKernel:
+    """Stands in for ``yoco_rs._core`` in ``executor/cpu_linear`` as on a CPU without AVX2/FMA: the CPU
+    linear kernel reports itself unavailable, and calling it anyway fails the test."""
+
+    @staticmethod
+    def cpu_linear_available() -> bool:
+        return False
+
+    @staticmethod
+    def linear_f32(*_a):
+        raise AssertionError("the CPU linear kernel was called although it is unavailable")
+
+    linear_bf16 = linear_f32
+
+
 def executor_from_hf(hf_model, **kw):
     from yoco_rs.executor.executor import Executor
 

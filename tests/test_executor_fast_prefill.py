@@ -62,8 +62,8 @@ def test_cross_decoder_sees_only_the_selected_rows(hf):
         sim.add("b", _tokens(6, 20))
         batch, _, _ = sim.step([Row("a", 48, 1), Row("b", 20, 2)])
         ex.execute(batch)
-    # self-decoder: all 68 tokens both ways; cross-decoder: 3 selected rows (padded to 4) vs 68
-    assert rows_seen[True] == [-68, 4]
+    # self-decoder: all 68 tokens both ways; cross-decoder: the 3 selected rows vs 68
+    assert rows_seen[True] == [-68, 3]
     assert rows_seen[False] == [-68, 68]
 
 

@@ -98,8 +98,8 @@ def test_last_self_decoder_layer_runs_past_kv_only_for_sampled_rows(fast):
     (l_skip, kv_skip, rows_skip), (l_all, kv_all, rows_all) = results
     assert all(torch.equal(x, y) for x, y in zip(l_skip, l_all))
     assert all(torch.equal(x, y) for x, y in zip(kv_skip, kv_all))
-    assert rows_all == [63, 4]  # every token of the prefill step; the decode step (2 rows, padded to 4)
-    assert rows_skip == ([4, 4] if fast else [63, 4])  # 3 sampled rows (padded to 4) when fast
+    assert rows_all == [63, 2]  # every token of the prefill step; the decode step's 2 rows (no padding)
+    assert rows_skip == ([3, 2] if fast else [63, 2])  # only the 3 sampled rows when fast
 
 
 def _chain(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,17 @@ def mask_logits(logits: np.ndarray, rows: np.ndarray, bitmask: np.ndarray) -> No
     """``logits[rows[i], t] = -inf`` where row ``i`` of ``bitmask`` (``[C, words]`` int32) disallows ``t``;
     in place on C-contiguous float32 ``[X, V]`` host logits (GIL released)."""
 
+def linear_f32(x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], y: npt.NDArray[np.float32], kc: int,
+               threads: int) -> None:
+    """``y[M, N] = x[M, K] @ w[N, K]^T`` (``yoco_cpu``: sequential FMA chains over blocks of ``kc`` terms,
+    the same bits for any M); ``w`` row-major or K-major. ValueError names a shape that does not line up."""
+def linear_bf16(x: npt.NDArray[np.uint16], w: npt.NDArray[np.uint16], y: npt.NDArray[np.uint16], kc: int,
+                threads: int) -> None:
+    """The same on bf16 bits: widened, the f32 order, rounded once to bf16."""
+def cpu_linear_available() -> bool:
+    """Whether this CPU runs the kernel (x86-64 with AVX2 and FMA)."""
+
+
 def serve_http(
     loops: list[tuple["Scheduler", object]], *, tokenizer_file: str, eos_token_ids: list[int],
     bos_token_id: int | None, host: str, port: int, served_model_names: list[str], max_model_len: int,

@@ -66,11 +66,11 @@ class EngineConfig:
     enable_kv_events: bool = False
     """Collect vLLM-format KV cache events (``Engine.take_kv_events``)."""
     batch_invariant: bool = True
-    """CPU: pad every step's GEMMs to at least 4 rows, so that a token's numbers do not depend on the batch
-    around it (greedy output identical across batch compositions, chunkings and fast prefill on/off).
-    False: steps of 1-3 tokens use the BLAS GEMV path; in float32 a one-stream decode step then costs about
-    a quarter of the padded one at E2B's size (``benches/RESULTS.md``), and near-ties may break
-    differently between batch compositions. Ignored on CUDA (no padding there)."""
+    """CPU: every projection rounds the same whatever the number of rows in the step (the row-invariant
+    linear, ``executor/cpu_linear.py``), so that a token's numbers do not depend on the batch around it
+    (greedy output identical across batch compositions, chunkings and fast prefill on/off). False: plain
+    ``F.linear`` (MKL's GEMV below 4 rows, torch's bf16 GEMM): near-ties may then break differently
+    between batch compositions, and it is no faster. Ignored on CUDA."""
     per_layer_embeddings_on_device: bool = False
     """Gemma 3n: keep the per-layer embedding table (2.0B of E2B's 4.4B parameters, one row read per token
     and layer) in device memory. False: it stays in host memory, memory-mapped from the checkpoint, and each

@@ -111,7 +111,7 @@ def build_runtime(cfg: EngineConfig, *, progress: bool = False) -> Runtime:
                                         kv_sharing_fast_prefill=cfg.kv_sharing_fast_prefill, progress=progress,
                                         attn_backend=select_backend(device),
                                         per_layer_embeddings_on_host=not cfg.per_layer_embeddings_on_device,
-                                        min_rows=None if cfg.batch_invariant else 1,
+                                        batch_invariant=cfg.batch_invariant,
                                         encoder_cache_bytes=cfg.encoder_cache_memory)
     args = executor.args
     mm_processor = None

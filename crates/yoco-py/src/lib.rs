@@ -5,6 +5,7 @@
 
 mod arrays;
 mod convert;
+mod cpu_linear; // yoco-cpu binding (the row-invariant CPU linear layer)
 mod errors;
 mod grammar; // yoco-grammar binding (structured outputs)
 mod mock;
@@ -44,5 +45,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serve_sampling::PyStepMasks>()?;
     text::register(m)?; // engine: TextBatch
     grammar::register(m)?; // structured outputs: GrammarCompiler, CompiledGrammar, MatcherTable
+    cpu_linear::register(m)?; // linear_f32, linear_bf16, cpu_linear_available
     Ok(())
 }

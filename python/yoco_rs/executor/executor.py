@@ -23,8 +23,10 @@ run the self-decoder on all ``T_pad`` tokens (writing K/V of producing layers), 
   a pure decode step: the two paths then compute the same rows, the full one without a gather.)
 
 A step with no cross rows (only middle prefill chunks) returns ``[0, vocab]`` and skips the cross half.
-On CPU both halves are padded to at least 4 rows (``min_rows``) so that every token's numbers are
-independent of the batch around it (see ``attention_torch``).
+On the CPU every projection goes through :class:`~yoco_rs.executor.cpu_linear.RowInvariantLinear`, whose
+values do not depend on the number of rows, so a token's numbers are independent of the batch around
+it without padding steps (``batch_invariant=False``: plain ``F.linear``, not invariant below 4 rows;
+``min_rows`` still pads both halves when asked).
 
 On the CPU a step of more than ``SUB_BATCH_TOKENS`` tokens runs as consecutive sub-batches of whole rows
 (activations stay in cache; bit-identical results, see ``sub_batches``), unless ``hidden_states`` are
@@ -58,6 +60,7 @@ import torch
 
 from yoco_rs.attention import AttentionBackend, AttentionMetadata, get_backend
 from yoco_rs.executor.batch import ForwardBatch
+from yoco_rs.executor.cpu_linear import RowInvariantLinear
 from yoco_rs.executor.kv_cache import (
     KVGroupSpec, KVPoolPlan, allocate_kv, apply_kv_copies, kv_group_specs, kv_memory_budget, plan_kv_pools,
 )
@@ -133,7 +136,7 @@ class PreparedStep:
 class Executor:
     def __init__(self, model: Gemma3nModel, model_config: ModelConfig | None = None, *,
                  kv_sharing_fast_prefill: bool = True, attn_backend: str | AttentionBackend | None = None,
-                 min_rows: int | None = None):
+                 min_rows: int | None = None, batch_invariant: bool = True):
         self.model = model.eval()
         self.args: Gemma3nTextArgs = model.args
         self.model_config = model_config
@@ -147,9 +150,13 @@ class Executor:
         self.kv_caches: list[torch.Tensor] = []
         self.block_size = 0
         self._specs = kv_group_specs(self.args, self.dtype)
-        # CPU BLAS rounds GEMMs with < 4 rows differently: padding both halves to >= 4 rows keeps every
-        # token's numbers independent of the batch (and equal to a whole-sequence forward).
-        self.min_rows = min_rows if min_rows is not None else (4 if self.device.type == "cpu" else 1)
+        # CPU BLAS rounds GEMMs with < 4 rows differently: the row-invariant linear keeps every token's
+        # numbers independent of the batch (and equal to a whole-sequence forward) without padding.
+        self.batch_invariant = batch_invariant
+        if self.device.type == "cpu":
+            self.linear = RowInvariantLinear(enabled=batch_invariant)
+            self.model.use_linear(self.linear)
+        self.min_rows = min_rows if min_rows is not None else 1
         # CPU: large steps run as sub-batches of whole rows (cache-sized activations; same results)
         self.sub_batch_tokens = SUB_BATCH_TOKENS if self.device.type == "cpu" else 0
 
@@ -160,7 +167,8 @@ class Executor:
                         device: torch.device | str | None = None, kv_sharing_fast_prefill: bool = True,
                         attn_backend: str | AttentionBackend | None = None, progress: bool = True,
                         min_rows: int | None = None, per_layer_embeddings_on_host: bool = True,
-                        multimodal: bool = True, encoder_cache_bytes: int = 256 << 20) -> "Executor":
+                        batch_invariant: bool = True, multimodal: bool = True,
+                        encoder_cache_bytes: int = 256 << 20) -> "Executor":
         """Loads a local Hugging Face directory (``config.json`` + safetensors; text-only or multimodal
         layout). ``dtype`` None or "auto": the checkpoint's (:func:`auto_dtype`). The per-layer embedding
         table stays memory-mapped in host memory unless ``per_layer_embeddings_on_host=False``. A multimodal
@@ -172,7 +180,7 @@ class Executor:
         model = Gemma3nModel(mc.text, dtype=dt, device=dev, per_layer_embeddings_on_host=per_layer_embeddings_on_host)
         load_checkpoint(model, mc, model_dir, progress=progress)
         ex = cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
-                 min_rows=min_rows)
+                 min_rows=min_rows, batch_invariant=batch_invariant)
         if multimodal and mc.architecture in MULTIMODAL_ARCHITECTURES:
             from yoco_rs.models.gemma3n.towers import build_towers
 
@@ -194,7 +202,8 @@ class Executor:
                         dtype: torch.dtype | str | None = None, device: torch.device | str | None = None,
                         kv_sharing_fast_prefill: bool = True,
                         attn_backend: str | AttentionBackend | None = None,
-                        min_rows: int | None = None, per_layer_embeddings_on_host: bool = False) -> "Executor":
+                        min_rows: int | None = None, per_layer_embeddings_on_host: bool = False,
+                        batch_invariant: bool = True) -> "Executor":
         """From a ``config.json``-style dict and a state dict with checkpoint key names (tests)."""
         dev = torch.device(device) if device is not None else default_device()
         mc = parse_config(config)
@@ -202,7 +211,7 @@ class Executor:
                              per_layer_embeddings_on_host=per_layer_embeddings_on_host)
         load_state_dict(model, mc, state_dict)
         return cls(model, mc, kv_sharing_fast_prefill=kv_sharing_fast_prefill, attn_backend=attn_backend,
-                   min_rows=min_rows)
+                   min_rows=min_rows, batch_invariant=batch_invariant)
 
     # ---- layout the core needs ------------------------------------------------------------------------------
 

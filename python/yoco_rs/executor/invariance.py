@@ -10,7 +10,11 @@ equivalence matrix and the transformers comparisons rely on it). Measured on MKL
 (``tests/test_executor_attention.py`` pins the parts the attention relies on):
 
 * A GEMM with fewer than ``MIN_GEMM_ROWS`` rows takes another code path (GEMV-like) and rounds
-  differently: every GEMM gets at least that many query rows (zero rows are appended).
+  differently. From that many rows up (and ``N >= 12`` columns) an output is a sequential FMA chain
+  over each block of ``kc`` terms (192; a K of 256 is two blocks of 128), the block sums added in order,
+  whatever the row count: the model's projections reproduce exactly that for any number of rows
+  (``cpu_linear.py``, measured there at load), and the attention GEMMs below get at least
+  ``MIN_GEMM_ROWS`` query rows (zero rows are appended).
 * With at least that many rows, an output summed over at most ``FMA_CHAIN_MAX`` terms is one sequential
   FMA chain, whatever the GEMM's other dimensions, batch or operand strides. So zero terms anywhere in the
   sum (masked keys, another KV head's columns) change nothing, and ``embedding_bag``'s weighted sum (a

@@ -27,6 +27,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
+from yoco_rs.executor.cpu_linear import copy_weight
 from yoco_rs.models.gemma3n.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def load_weights(model: nn.Module, mc: ModelConfig, tensors: Iterable[tuple[str,
             if not (t.is_floating_point() or t.dtype == p.dtype):
                 raise CheckpointError(f"{path}: tensor {key!r} has dtype {t.dtype}; expected a floating type")
             with torch.no_grad():
-                p.copy_(t.to(p.dtype))
+                copy_weight(p, t)  # K-major CPU projections: a fast transposing copy
             loaded.add(name)
     finally:
         if bar is not None:

@@ -6,6 +6,7 @@ they are re-pointed to consecutive slices of one concatenated tensor, so later i
 through to it. If a parameter is replaced (``module.to()``, assigning ``.data``), its address changes and
 the next use re-concatenates. Splitting a GEMM's output columns does not change any value: each output
 is the same sum over the input whatever the GEMM's width (checked bit for bit, up to K = 2048).
+K-major parameters (the CPU layout, ``executor/cpu_linear.py``) give a K-major fused tensor.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class FusedParams:
         ptrs = tuple(p.data_ptr() for p in self._params)
         if self._fused is None or ptrs != self._ptrs:
             with torch.inference_mode(False):  # a normal tensor: loading into the params later must work
-                fused = torch.cat([p.detach() for p in self._params])
+                fused = _concat([p.detach() for p in self._params])
             start = 0
             for p in self._params:
                 n = p.shape[0]
@@ -37,3 +38,17 @@ class FusedParams:
             self._fused = fused
             self._ptrs = tuple(p.data_ptr() for p in self._params)
         return self._fused
+
+
+def _concat(ts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(ts)`` on dim 0, in the layout of ``ts[0]`` (K-major stays K-major, padded alike)."""
+    from yoco_rs.executor.cpu_linear import cpu_weight, is_k_major
+
+    if not (ts[0].device.type == "cpu" and is_k_major(ts[0])):
+        return torch.cat(ts)
+    out = cpu_weight(sum(t.shape[0] for t in ts), ts[0].shape[1], ts[0].dtype)
+    start = 0
+    for t in ts:
+        out.t()[:, start:start + t.shape[0]].copy_(t.t())  # rows of both contiguous: a plain copy
+        start += t.shape[0]
+    return out

@@ -28,15 +28,36 @@ def _empty(*shape: int, dtype: torch.dtype, device: torch.device | str | None) -
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-class Linear(nn.Module):
+def _on_cpu(device: torch.device | str | None) -> bool:
+    return torch.device(device if device is not None else "cpu").type == "cpu"
+
+
+def projection_weight(out_features: int, in_features: int, *, dtype, device) -> nn.Parameter:
+    """A projection's ``[out, in]`` weight; on the CPU stored K-major (``executor/cpu_linear.py``: what
+    the row-invariant kernel reads like a GEMV; the values, names and shapes are the checkpoint's)."""
+    if not _on_cpu(device):
+        return _empty(out_features, in_features, dtype=dtype, device=device)
+    from yoco_rs.executor.cpu_linear import cpu_weight
+
+    return nn.Parameter(cpu_weight(out_features, in_features, dtype), requires_grad=False)
+
+
+class Projecting:
+    """What the model's modules call for every projection: ``lin(x, weight)``, ``F.linear`` until the
+    executor installs its CPU linear (:meth:`Gemma3nModel.use_linear`)."""
+
+    lin = staticmethod(F.linear)
+
+
+class Linear(nn.Module, Projecting):
     """A bias-free projection whose only parameter is ``weight [out, in]``."""
 
     def __init__(self, in_features: int, out_features: int, *, dtype, device):
         super().__init__()
-        self.weight = _empty(out_features, in_features, dtype=dtype, device=device)
+        self.weight = projection_weight(out_features, in_features, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return self.lin(x, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -73,7 +94,7 @@ class AttnContext:
     group: int
 
 
-class Attention(nn.Module):
+class Attention(nn.Module, Projecting):
     def __init__(self, args: Gemma3nTextArgs, layer: int, *, dtype, device):
         super().__init__()
         h, d = args.hidden_size, args.head_dim
@@ -111,30 +132,30 @@ class Attention(nn.Module):
         is False: they were written by :meth:`write_kv` already)."""
         t, nh, nkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.is_shared or not write:
-            q = rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
+            q = rms_norm(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
             q = apply_rope(q, cos, sin)
         elif not _fuse(x):
-            q = apply_rope(rms_norm(F.linear(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
+            q = apply_rope(rms_norm(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
                            cos, sin)
             self.write_kv(x, cos, sin, ctx)
         else:
-            qkv = rms_norm(F.linear(x, self._qkv.get()).view(t, nh + 2 * nkv, d), self._qkv_scale(), self.eps)
+            qkv = rms_norm(self.lin(x, self._qkv.get()).view(t, nh + 2 * nkv, d), self._qkv_scale(), self.eps)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)
             q = qk[:, :nh]
             ctx.backend.write_kv(ctx.kv_layer, qk[:, nh:], qkv[:, nh + nkv:], ctx.meta, ctx.group)
         out = ctx.backend.attend(q, ctx.kv_layer, ctx.meta, ctx.group, 1.0)  # Gemma 3n: scaling 1.0
-        return F.linear(out.reshape(t, nh * d), self.o_proj.weight)
+        return self.lin(out.reshape(t, nh * d), self.o_proj.weight)
 
     def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> None:
         """Only the K/V of tokens ``x`` (a producing layer), written through ``ctx``."""
         t, nkv, d = x.shape[0], self.num_kv_heads, self.head_dim
-        k = apply_rope(rms_norm(F.linear(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
+        k = apply_rope(rms_norm(self.lin(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
                        cos, sin)
-        v = rms_norm(F.linear(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
+        v = rms_norm(self.lin(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
         ctx.backend.write_kv(ctx.kv_layer, k, v, ctx.meta, ctx.group)
 
 
-class MLP(nn.Module):
+class MLP(nn.Module, Projecting):
     def __init__(self, args: Gemma3nTextArgs, layer: int, *, dtype, device):
         super().__init__()
         h, i = args.hidden_size, args.intermediate_size[layer]
@@ -150,16 +171,16 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fuse(x):
-            gate_up = F.linear(x, self._gate_up.get())
+            gate_up = self.lin(x, self._gate_up.get())
             gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate:]
         else:
-            gate, up = F.linear(x, self.gate_proj.weight), F.linear(x, self.up_proj.weight)
+            gate, up = self.lin(x, self.gate_proj.weight), self.lin(x, self.up_proj.weight)
         if self.sparse:
             gate = gaussian_topk(gate, self.topk_multiplier)
-        return F.linear(gelu_tanh(gate).mul_(up), self.down_proj.weight)
+        return self.lin(gelu_tanh(gate).mul_(up), self.down_proj.weight)
 
 
-class AltUp(nn.Module):
+class AltUp(nn.Module, Projecting):
     """Predict/correct of the A parallel streams; ``h`` is token-major ``[T, A, H]``."""
 
     def __init__(self, args: Gemma3nTextArgs, *, dtype, device):
@@ -177,7 +198,7 @@ class AltUp(nn.Module):
 
     def modalities(self, x: torch.Tensor) -> torch.Tensor:
         normed = rms_norm(x, self.router_norm.weight, self.router_norm.eps)
-        routed = F.linear(normed * self.router_input_scale, self.modality_router.weight)
+        routed = self.lin(normed * self.router_input_scale, self.modality_router.weight)
         return torch.tanh(routed) if routed.dtype == torch.float32 else torch.tanh(routed.float()).type_as(x)
 
     def predict(self, h: torch.Tensor) -> torch.Tensor:
@@ -188,7 +209,7 @@ class AltUp(nn.Module):
         (bit-identical, pinned by a test), in a fraction of the time. Tokens go in chunks of
         ``PREDICT_CHUNK`` so the temporaries stay in cache."""
         t, a = h.shape[0], self.num_inputs
-        coefs = F.linear(self.modalities(h[:, 0]), self.prediction_coefs.weight).view(t, a, a)
+        coefs = self.lin(self.modalities(h[:, 0]), self.prediction_coefs.weight).view(t, a, a)
         out = torch.empty_like(h)
         for s in range(0, t, PREDICT_CHUNK):
             hs, cs, o = h[s:s + PREDICT_CHUNK], coefs[s:s + PREDICT_CHUNK], out[s:s + PREDICT_CHUNK]
@@ -201,7 +222,7 @@ class AltUp(nn.Module):
     def correct(self, pred: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:
         """``corr[:, j] = pred[:, j] + (coef_j + 1) * (activated - pred[:, 0])``."""
         innovation = activated - pred[:, 0]
-        coefs = F.linear(self.modalities(activated), self.correction_coefs.weight) + 1.0
+        coefs = self.lin(self.modalities(activated), self.correction_coefs.weight) + 1.0
         corrected = innovation[:, None, :] * coefs[:, :, None]
         return corrected.add_(pred)
 
@@ -222,7 +243,7 @@ class Laurel(nn.Module):
         return x + self.post_laurel_norm(self.linear_right(self.linear_left(x)))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(nn.Module, Projecting):
     def __init__(self, args: Gemma3nTextArgs, layer: int, *, dtype, device):
         super().__init__()
         h, p, eps = args.hidden_size, args.hidden_size_per_layer_input, args.rms_norm_eps
@@ -267,7 +288,7 @@ class DecoderLayer(nn.Module):
             ctx = rows_ctx
         lr = self.laurel
         # in-place where a fresh result is consumed once (same operations and operand order: same values)
-        laurel = rms_norm(F.linear(F.linear(x, lr.linear_left.weight), lr.linear_right.weight),
+        laurel = rms_norm(self.lin(self.lin(x, lr.linear_left.weight), lr.linear_right.weight),
                           lr.post_laurel_norm.weight, eps).add_(x)
         attn = rms_norm(self.self_attn(x, cos, sin, ctx, write=rows is None), self.post_attention_layernorm.weight, eps)
         gated = (active + attn).add_(laurel).div_(SQRT2)  # transformers divides by math.sqrt(2)
@@ -278,7 +299,7 @@ class DecoderLayer(nn.Module):
         first = corr[:, 0]
         if self.correct_scale:
             first = self.altup.scale_corrected_output(first)
-        first = gelu_tanh(F.linear(first, self.per_layer_input_gate.weight)).mul_(per_layer_input)
-        first = rms_norm(F.linear(first, self.per_layer_projection.weight), self.post_per_layer_input_norm.weight, eps)
+        first = gelu_tanh(self.lin(first, self.per_layer_input_gate.weight)).mul_(per_layer_input)
+        first = rms_norm(self.lin(first, self.per_layer_projection.weight), self.post_per_layer_input_norm.weight, eps)
         corr[:, 1:] += first[:, None, :]
         return corr

@@ -30,15 +30,18 @@ from torch import nn
 
 from yoco_rs.attention import AttentionBackend, AttentionMetadata
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs, kv_groups, kv_slices
-from yoco_rs.models.gemma3n.layer import AttnContext, DecoderLayer, Linear, RMSNorm, _empty
+from yoco_rs.models.gemma3n.layer import (
+    AttnContext, DecoderLayer, Linear, Projecting, RMSNorm, _empty, projection_weight,
+)
 from yoco_rs.models.gemma3n.ops import magnitude_match, rms, rope_cos_sin, rope_inv_freq
 from yoco_rs.models.gemma3n.ple_host import HostPerLayerEmbedding
 
 
 class Embedding(nn.Module):
-    def __init__(self, num: int, dim: int, scale: float, *, dtype, device):
+    def __init__(self, num: int, dim: int, scale: float, *, dtype, device, projection: bool = False):
+        """``projection``: the table is also a projection's weight (the tied LM head): laid out as one."""
         super().__init__()
-        self.weight = _empty(num, dim, dtype=dtype, device=device)
+        self.weight = (projection_weight if projection else _empty)(num, dim, dtype=dtype, device=device)
         # transformers: a float32 buffer cast to the weight dtype before the multiply (sqrt(2048) -> 45.25 in bf16)
         self.register_buffer("embed_scale", torch.tensor(scale, device=device).to(dtype), persistent=False)
 
@@ -46,7 +49,7 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight) * self.embed_scale
 
 
-class Gemma3nModel(nn.Module):
+class Gemma3nModel(nn.Module, Projecting):
     def __init__(self, args: Gemma3nTextArgs, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, per_layer_embeddings_on_host: bool = False):
         """``per_layer_embeddings_on_host``: the per-layer embedding table is no parameter of the model but a
@@ -56,7 +59,7 @@ class Gemma3nModel(nn.Module):
         self.dtype = dtype
         h, n, p = args.hidden_size, args.num_hidden_layers, args.hidden_size_per_layer_input
         kw = dict(dtype=dtype, device=device)
-        self.embed_tokens = Embedding(args.vocab_size, h, h**0.5, **kw)
+        self.embed_tokens = Embedding(args.vocab_size, h, h**0.5, projection=args.tie_word_embeddings, **kw)
         ple = HostPerLayerEmbedding if per_layer_embeddings_on_host else Embedding
         self.embed_tokens_per_layer = ple(args.vocab_size_per_layer_input, n * p, p**0.5, **kw)
         self.per_layer_embeddings_on_host = per_layer_embeddings_on_host
@@ -78,6 +81,12 @@ class Gemma3nModel(nn.Module):
         self.groups = kv_groups(args)
         self.kv_slices = kv_slices(args)
         self.first_shared = args.first_shared
+
+    def use_linear(self, lin) -> None:
+        """Every projection of the model calls ``lin(x, weight)`` from now on (the executor's CPU linear)."""
+        for m in self.modules():
+            if isinstance(m, Projecting):
+                m.lin = lin
 
     # ---- the host-resident per-layer embedding table ------------------------------------------------------
 
@@ -181,7 +190,7 @@ class Gemma3nModel(nn.Module):
         streams = [h0] + [magnitude_match(unemb(hidden[:, j + 1]), target)
                           for j, unemb in enumerate(self.altup_unembed_projections)]
         x = self.norm(torch.mean(torch.stack(streams), dim=0))
-        logits = F.linear(x, self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
+        logits = self.lin(x, self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
         cap = self.args.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
