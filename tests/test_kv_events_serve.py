@@ -1,8 +1,11 @@
 """KV events from a live yoco-serve (``kv_events_config``, the engine behind ``--kv-events-config``):
-what a prefix-aware router's indexer receives matches the prompts the server ran."""
+what a prefix-aware router's indexer receives matches the prompts the server ran, from the default
+(Python) server and from ``--frontend rust`` (whose step loop owns the scheduler and feeds the same
+publisher)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -11,7 +14,8 @@ import msgspec
 import pytest
 import zmq
 
-from serve_helpers import SHARED_ENGINE, LiveServer
+from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import SHARED_ENGINE, CliServer, LiveServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,12 +26,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def served():
+class RustServer(CliServer):
+    """``yoco-serve --frontend rust`` with ``metrics()`` as LiveServer has it (labels minus engine/model)."""
+
+    def metrics(self) -> dict:
+        out = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
+            for s in fam.samples:
+                labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
+                out[(s.name, labels)] = out.get((s.name, labels), 0) + s.value
+        return out
+
+    def stop(self):
+        self.kill()
+
+
+@pytest.fixture(scope="module", params=["python", "rust"])
+def served(request):
     port = free_port()
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}",
            "topic": "kv@127.0.0.1:0@yoco-tiny", "encoding": "map"}
-    srv = LiveServer(engine_kwargs={**SHARED_ENGINE, "kv_events_config": cfg}, metrics_prefix="vllm")
+    if request.param == "python":
+        srv = LiveServer(engine_kwargs={**SHARED_ENGINE, "kv_events_config": cfg}, metrics_prefix="vllm")
+    else:
+        srv = RustServer("--frontend", "rust", "--kv-cache-memory", "64MiB", "--max-model-len", "512",
+                         "--metrics-prefix", "vllm", "--kv-events-config", json.dumps(cfg))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@")

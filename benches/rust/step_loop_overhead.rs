@@ -72,6 +72,7 @@ fn main() {
                     eos_token_ids: vec![1],
                     max_consecutive_failures: 1,
                     async_scheduling,
+                    kv_events: None,
                 },
                 Box::new(MockModel::new(vocab, 16, Duration::ZERO)),
             )

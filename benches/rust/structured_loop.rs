@@ -60,6 +60,7 @@ fn run(tok: &Tokenizer, grammar: Option<&Grammar>) -> (f64, u32, f64) {
             // As served. The constrained runs are planned synchronously (no step is planned ahead
             // while a constrained sequence is live), so their ratio includes that.
             async_scheduling: true,
+            kv_events: None,
         },
         Box::new(MockModel::new(vocab, 16, FORWARD)),
     )

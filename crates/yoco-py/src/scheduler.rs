@@ -21,7 +21,7 @@ pub struct Scheduler {
     plan_bin: Bin<core::StepPlan>,
     outcome_bin: Bin<core::StepOutcome>,
     /// KV-event publisher fed after every `update` (and reset), once `start_kv_events` ran.
-    kv_publisher: Option<yoco_events::Publisher>,
+    pub(crate) kv_publisher: Option<yoco_events::Publisher>,
     /// The empty batch the core collects into next (swapped with the full one at each hand-off).
     kv_spare: KvEventBatch,
 }

@@ -232,9 +232,12 @@ pub fn serve_http(
         .map_err(|e| PyOSError::new_err(e.to_string()))?;
     let mut handles = Vec::with_capacity(loops.len());
     for (scheduler, executor) in loops {
-        let (config, num_groups) = {
-            let s = scheduler.borrow(py);
-            (s.inner.config().clone(), s.inner.num_groups())
+        // The KV-event publisher the runtime started on this scheduler (`--kv-events-config`)
+        // moves to the loop, which owns the scheduler that now makes the events.
+        let (config, num_groups, publisher) = {
+            let mut s = scheduler.borrow_mut(py);
+            let publisher = s.kv_publisher.take();
+            (s.inner.config().clone(), s.inner.num_groups(), publisher)
         };
         let block_size = config.kv.block_size as usize;
         let exec = PyStepExecutor {
@@ -250,6 +253,7 @@ pub fn serve_http(
                 eos_token_ids: eos_token_ids.clone(),
                 max_consecutive_failures,
                 async_scheduling,
+                kv_events: publisher.map(yoco_server::KvEventSink::new),
             },
             Box::new(exec),
             rt.handle(),

@@ -13,6 +13,7 @@ use yoco_core::sched::SchedulerConfig;
 use yoco_text::Tokenizer;
 
 use crate::executor::Executor;
+use crate::kv_events::KvEventSink;
 use crate::output::Event;
 use crate::params::GenParams;
 use crate::stats::Stats;
@@ -32,6 +33,9 @@ pub struct LoopConfig {
     /// `--async-scheduling`; `yoco-serve --no-async-scheduling` turns it off). Stop strings then
     /// end a request one step late (the extra token is computed, not emitted).
     pub async_scheduling: bool,
+    /// Where the loop publishes its KV events (`--kv-events-config`; the scheduler config must
+    /// enable them), or None.
+    pub kv_events: Option<KvEventSink>,
 }
 
 /// Why a submission was refused.

@@ -41,6 +41,7 @@ mod front_metrics;
 mod grammar_rows;
 pub mod handle;
 pub mod hist;
+pub mod kv_events;
 mod logprobs;
 mod logprobs_json;
 mod metrics;
@@ -66,6 +67,7 @@ pub use executor::{
     StepInputs, StepOutput,
 };
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
+pub use kv_events::KvEventSink;
 pub use output::{Event, FinishReason, PromptLogprobs, TokenLogprob};
 pub use params::GenParams;
 pub use signal::shutdown_signal;

@@ -304,9 +304,11 @@ pub(crate) fn render_parity(
          |s| s.kv.copied_tokens.load(Relaxed)),
         ("kv_block_adoptions", "Partial cached blocks adopted in place instead of copied.",
          |s| s.kv.adoptions.load(Relaxed)),
-        ("kv_events_published", "KV event batches published (--kv-events-config).", |_| 0),
+        ("kv_events_published", "KV event batches published (--kv-events-config).",
+         |s| s.kv_events_published.load(Relaxed)),
         ("kv_events_dropped",
-         "KV event batches dropped on a full publisher queue, plus events the bounded log discarded.", |_| 0),
+         "KV event batches dropped on a full publisher queue, plus events the bounded log discarded.",
+         |s| s.kv_events_dropped.load(Relaxed)),
     ];
     for (name, help, get) in counters {
         let v: Vec<u64> = loops.iter().map(|s| get(s)).collect();

@@ -57,6 +57,11 @@ pub struct Stats {
     pub scheduled_tokens: AtomicU64,
     /// Rows the plans ran through the cross-decoder (`yoco:cross_decoder_rows`).
     pub cross_rows: AtomicU64,
+    /// KV event batches published (`--kv-events-config`).
+    pub kv_events_published: AtomicU64,
+    /// KV event batches dropped on a full publisher queue, plus events the core's bounded log
+    /// discarded.
+    pub kv_events_dropped: AtomicU64,
     /// Per-request and per-step histograms, vLLM's names.
     pub hists: LoopHists,
     step_hist: Vec<AtomicU64>,
@@ -86,6 +91,8 @@ impl Default for Stats {
             kv: KvFigures::default(),
             scheduled_tokens: AtomicU64::new(0),
             cross_rows: AtomicU64::new(0),
+            kv_events_published: AtomicU64::new(0),
+            kv_events_dropped: AtomicU64::new(0),
             hists: LoopHists::default(),
             step_hist: (0..=STEP_BUCKETS.len())
                 .map(|_| AtomicU64::new(0))

@@ -35,6 +35,7 @@ impl StepLoop {
                 // Nothing runnable (everything finished, or every request waits on memory held
                 // by none: cannot happen with validated requests): deliver and idle briefly.
                 self.deliver();
+                self.publish_kv_events();
                 self.publish_gauges();
                 if !self.live.is_empty() {
                     std::thread::sleep(Duration::from_micros(200));
@@ -60,6 +61,7 @@ impl StepLoop {
         self.reap_closed();
         shutdown |= self.drain_commands();
         self.apply_aborts();
+        self.publish_kv_events();
         if self.ahead && self.in_flight.is_some() && !self.grammar.any_constrained() {
             self.planned = self.plan(true);
         }

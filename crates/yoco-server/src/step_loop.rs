@@ -34,7 +34,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use tokio::sync::mpsc::UnboundedSender;
@@ -46,6 +46,7 @@ use crate::delivery::RuntimeDelivery;
 use crate::executor::{ExecError, Executor, StepOutput};
 use crate::grammar_rows::GrammarRows;
 use crate::handle::LoopConfig;
+use crate::kv_events::KvEventSink;
 use crate::logprobs::{LogprobRows, PromptLogprobs, TokenLogprob};
 use crate::output::{Event, FinishReason, Finished, StopReason};
 use crate::params::GenParams;
@@ -130,6 +131,8 @@ pub(crate) struct StepLoop {
     pub(crate) collected_at: Option<Instant>,
     /// Events go out through a task on the front end's runtime (else from this thread).
     pub(crate) delivery: Option<RuntimeDelivery>,
+    /// The KV-event publisher, fed once per cycle in the forward's shadow.
+    kv_events: Option<KvEventSink>,
 }
 
 impl StepLoop {
@@ -163,6 +166,7 @@ impl StepLoop {
             last_step: None,
             collected_at: None,
             delivery: delivery.as_ref().map(RuntimeDelivery::spawn),
+            kv_events: config.kv_events,
         })
     }
 
@@ -217,6 +221,17 @@ impl StepLoop {
             );
         }
         self.deliver();
+        self.publish_kv_events();
+        if let Some(k) = &mut self.kv_events {
+            k.shutdown(Duration::from_secs(1));
+        }
+    }
+
+    /// Hands the KV events of what the scheduler did since the last call to the publisher.
+    pub(crate) fn publish_kv_events(&mut self) {
+        if let Some(k) = &mut self.kv_events {
+            k.drain(&mut self.sched, &self.stats);
+        }
     }
 
     /// Takes every queued command; true on shutdown (or when every handle is gone).

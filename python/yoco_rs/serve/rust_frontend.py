@@ -39,7 +39,6 @@ _NO_OUTPUT = np.zeros(0, dtype=np.int64)
 # Server flags the Rust front end does not implement yet: refused at start-up rather than ignored.
 UNSUPPORTED_FLAGS = {
     "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
-    "kv_events_config": "--kv-events-config",
 }
 
 
@@ -185,6 +184,10 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
             return 2
     cfg = EngineConfig.from_kwargs(model, **engine_kwargs)
     dp = int(getattr(args, "data_parallel_size", 1) or 1)
+    if dp > 1 and cfg.kv_events_config is not None and cfg.kv_events_config.active:
+        print("yoco-serve: error: --kv-events-config with --data-parallel-size > 1 is not supported yet "
+              "(each loop would need its own endpoint)", file=sys.stderr, flush=True)
+        return 2
     # One runtime per step loop: its own weights, KV pool and sampler (on a GPU, pin each process to
     # its device; in one process they share the device and its memory budget).
     rts = [build_runtime(cfg, progress=not args.disable_progress) for _ in range(dp)]

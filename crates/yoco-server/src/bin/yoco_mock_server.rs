@@ -163,6 +163,7 @@ fn main() {
                 eos_token_ids: vec![1],
                 max_consecutive_failures: 8,
                 async_scheduling: a.async_scheduling,
+                kv_events: None,
             };
             EngineHandle::start_delivering_on(cfg, Box::new(exec), rt.handle()).expect("step loop")
         })

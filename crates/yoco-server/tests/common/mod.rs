@@ -150,6 +150,7 @@ impl TestServer {
                     eos_token_ids: vec![1],
                     max_consecutive_failures: o.max_failures,
                     async_scheduling: o.async_scheduling,
+                    kv_events: None,
                 };
                 if o.direct_delivery {
                     EngineHandle::start(cfg, Box::new(exec)).unwrap()
