@@ -107,6 +107,32 @@ pub(crate) async fn prompts(
     Ok(out)
 }
 
+/// Tokenizes `text` (no special tokens) and hands it back with its ids. A text over
+/// `INLINE_TOKENIZE_BYTES` is tokenized on tokio's blocking pool: tokenizing a large body inline would
+/// hold an HTTP worker (of two, on a small machine) for milliseconds and stall every other stream's SSE.
+async fn tokenize_off_workers(
+    s: &Arc<AppState>,
+    text: String,
+) -> Result<(String, Result<Vec<u32>, String>), ApiError> {
+    fn ids(s: &AppState, text: &str) -> Result<Vec<u32>, String> {
+        s.tok
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+    if text.len() <= INLINE_TOKENIZE_BYTES {
+        let enc = ids(s, &text);
+        return Ok((text, enc));
+    }
+    let s2 = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let enc = ids(&s2, &text);
+        (text, enc)
+    })
+    .await
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
 async fn encode(s: &Arc<AppState>, text: String, wher: &str) -> Result<Prompt, ApiError> {
     if text.is_empty() {
         return Err(ApiError::bad(
@@ -126,21 +152,7 @@ async fn encode(s: &Arc<AppState>, text: String, wher: &str) -> Result<Prompt, A
             Some("prompt"),
         ));
     }
-    let enc = if text.len() > INLINE_TOKENIZE_BYTES {
-        let s2 = s.clone();
-        let t = text.clone();
-        tokio::task::spawn_blocking(move || {
-            s2.tok
-                .encode(t.as_str(), false)
-                .map(|e| e.get_ids().to_vec())
-        })
-        .await
-        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    } else {
-        s.tok
-            .encode(text.as_str(), false)
-            .map(|e| e.get_ids().to_vec())
-    };
+    let (text, enc) = tokenize_off_workers(s, text).await?;
     let mut ids = enc.map_err(|e| {
         ApiError::bad(
             format!("{wher} could not be tokenized: {e}"),
@@ -433,20 +445,7 @@ pub(crate) async fn encode_rendered(
             Some("messages"),
         ));
     }
-    let enc = if text.len() > INLINE_TOKENIZE_BYTES {
-        let s2 = s.clone();
-        tokio::task::spawn_blocking(move || {
-            s2.tok
-                .encode(text.as_str(), false)
-                .map(|e| e.get_ids().to_vec())
-        })
-        .await
-        .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    } else {
-        s.tok
-            .encode(text.as_str(), false)
-            .map(|e| e.get_ids().to_vec())
-    };
+    let (_, enc) = tokenize_off_workers(s, text).await?;
     let mut ids = enc.map_err(|e| {
         ApiError::bad(
             format!("the rendered conversation could not be tokenized: {e}"),

@@ -16,11 +16,8 @@ use yoco_server::MockModel;
 /// Every plan's request ids and placeholder count, as the executor saw them.
 type Trace = Arc<Mutex<Vec<(Vec<u64>, usize)>>>;
 
-fn spied(trace: &Trace) -> MockModel {
-    spied_with(trace, Duration::ZERO)
-}
-
-/// `spied` with a modelled forward of `forward` (so concurrent requests share steps).
+/// A mock that records every plan into `trace`, with a modelled forward of `forward` (so
+/// concurrent requests share steps).
 fn spied_with(trace: &Trace, forward: Duration) -> MockModel {
     let vocab = common::tokenizer().get_vocab_size(true) as u32;
     let t = trace.clone();
@@ -50,6 +47,28 @@ fn server_with(async_scheduling: bool, trace: &Trace, forward: Duration) -> Test
 /// The choices and usage of an answer, without ids and timestamps.
 fn answer(v: &Value) -> Value {
     json!({"choices": v["choices"], "usage": v["usage"]})
+}
+
+/// A stop string taken from the output of `{"prompt": "stop here"}` itself: the text of its first
+/// streamed token from the 5th on that is not blank and did not occur in the text before it, and
+/// that token's index. A request for "stop here" with this stop string ends at that token.
+fn stop_probe(srv: &TestServer) -> (usize, String) {
+    let body = json!({"prompt": "stop here", "max_tokens": 16, "stream": true}).to_string();
+    let (_, ev) = srv.post("/v1/completions", &body);
+    let deltas: Vec<String> = sse_events(&ev)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    (4..deltas.len())
+        .find(|&k| !deltas[k].trim().is_empty() && !deltas[..k].concat().contains(&deltas[k]))
+        .map(|k| (k, deltas[k].clone()))
+        .expect("a token whose text did not occur before")
 }
 
 #[test]
@@ -165,28 +184,10 @@ fn preemption_under_async_scheduling_changes_no_output() {
 
 #[test]
 fn a_stop_string_ends_its_request_one_step_late_without_emitting_the_extra_token() {
-    // Find a stop string in the request's own output: the text of its 5th streamed token.
+    // A stop string from the request's own output (`stop_probe`): the text of its k-th streamed token.
     let (ta, ts) = (Trace::default(), Trace::default());
     let (a, s) = (server(true, &ta), server(false, &ts));
-    let body = json!({"prompt": "stop here", "max_tokens": 16, "stream": true}).to_string();
-    let (_, ev) = s.post("/v1/completions", &body);
-    let deltas: Vec<String> = sse_events(&ev)
-        .iter()
-        .filter(|e| *e != "[DONE]")
-        .map(|e| {
-            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
-    let (k, stop) = deltas
-        .iter()
-        .enumerate()
-        .skip(4)
-        .find(|(k, d)| !d.trim().is_empty() && !deltas[..*k].concat().contains(d.as_str()))
-        .map(|(k, d)| (k, d.clone()))
-        .expect("a token whose text did not occur before");
+    let (k, stop) = stop_probe(&s);
     ta.lock().unwrap().clear();
     ts.lock().unwrap().clear();
     let body = json!({"prompt": "stop here", "max_tokens": 16, "stop": [stop]}).to_string();
@@ -362,22 +363,7 @@ fn logprobs_stay_with_their_requests_when_a_batched_request_s_extra_row_is_disca
     let (ta, ts) = (Trace::default(), Trace::default());
     let ms2 = Duration::from_millis(2);
     let (a, s) = (server_with(true, &ta, ms2), server_with(false, &ts, ms2));
-    let probe = json!({"prompt": "stop here", "max_tokens": 16, "stream": true}).to_string();
-    let (_, ev) = s.post("/v1/completions", &probe);
-    let deltas: Vec<String> = sse_events(&ev)
-        .iter()
-        .filter(|e| *e != "[DONE]")
-        .map(|e| {
-            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
-    let stop = (4..deltas.len())
-        .find(|&k| !deltas[k].trim().is_empty() && !deltas[..k].concat().contains(&deltas[k]))
-        .map(|k| deltas[k].clone())
-        .expect("a token whose text did not occur before");
+    let (_, stop) = stop_probe(&s);
     let bodies = vec![
         json!({"prompt": "stop here", "max_tokens": 16, "stop": [stop]}).to_string(),
         json!({"prompt": "keep going", "max_tokens": 24, "ignore_eos": true, "logprobs": 1,

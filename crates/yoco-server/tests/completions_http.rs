@@ -4,39 +4,9 @@ mod common;
 
 use common::{sse_events, Opts, TestServer};
 use serde_json::{json, Value};
-use yoco_core::kv::LayerKind;
-use yoco_core::mock::MockExecutor;
-use yoco_core::sched::{NewRequest, Scheduler, SchedulerConfig};
 
-/// What the mock model generates for `prompt` when it runs alone through the core (no step loop,
-/// no HTTP): the reference the server's answers are checked against.
-fn reference_tokens(prompt: &[u32], max_tokens: u32) -> Vec<u32> {
-    let tok = common::tokenizer();
-    let vocab = tok.get_vocab_size(true) as u32;
-    let layers = vec![LayerKind::Full];
-    let mut c = SchedulerConfig::new(layers, 16, 256).unwrap();
-    c.max_model_len = 1024;
-    let mut s = Scheduler::new(c).unwrap();
-    s.add_request(NewRequest {
-        id: 1,
-        prompt: prompt.to_vec(),
-        max_tokens,
-        eos_token_ids: vec![1],
-        ..Default::default()
-    })
-    .unwrap();
-    let mut m = MockExecutor::new(vocab).first_token(16);
-    let mut out = Vec::new();
-    while s.num_unfinished() > 0 {
-        let plan = s.schedule().clone();
-        let sampled = m.sample(&plan, &[]).to_vec();
-        let o = s.update(&sampled).unwrap();
-        out.extend(o.new_tokens.iter().filter(|&&t| t >= 0).map(|&t| t as u32));
-    }
-    out
-}
 
-use common::encode;
+use common::{encode, reference_tokens};
 
 fn decode(ids: &[u32]) -> String {
     common::tokenizer().decode(ids, true).unwrap()
