@@ -5,7 +5,6 @@ mod common;
 use common::{sse_events, Opts, TestServer};
 use serde_json::{json, Value};
 
-
 use common::{encode, reference_tokens};
 
 fn decode(ids: &[u32]) -> String {
