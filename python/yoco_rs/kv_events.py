@@ -10,7 +10,8 @@ otherwise), ``replay_endpoint`` (None), ``buffer_steps`` (10000), ``hwm`` (10000
 ``max_queue_size`` (100000), ``topic`` (""). Added here: ``encoding`` ("array", vLLM's documented
 positional events, which llm-d decodes; "map", events tagged by ``type``, which vllm-router 0.1.17
 requires), ``block_size`` (16, the tokens per wire block; must divide the engine's prefix-cache
-sub-block size), ``data_parallel_rank`` (None), ``medium`` ("GPU"), ``all_groups`` (False: one
+sub-block size), ``data_parallel_rank`` (None; behind ``--data-parallel-size N`` rank r publishes this + r on its own
+endpoint, see ``for_rank``), ``medium`` ("GPU"), ``all_groups`` (False: one
 logical block stream, see below).
 
 YOCO: only the self-decoder layers own KV, so an event describes one logical token block for all of
@@ -95,6 +96,16 @@ class KVEventsConfig:
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
             raise bad("data_parallel_rank", "an integer >= 0 or null")
 
+    def for_rank(self, rank: int) -> "KVEventsConfig":
+        """The settings of data-parallel rank ``rank`` behind one front end (vLLM's convention): its own
+        endpoints (``offset_endpoint``) and ``data_parallel_rank`` = the configured one (0 if unset) +
+        ``rank`` in every batch, so a router's indexer tells the ranks' blocks apart. Rank 0 keeps the
+        endpoints as given."""
+        base = self.data_parallel_rank or 0
+        return dataclasses.replace(self, endpoint=offset_endpoint(self.endpoint, rank),
+                                   replay_endpoint=offset_endpoint(self.replay_endpoint, rank),
+                                   data_parallel_rank=base + rank)
+
     def start(self, scheduler: Any) -> None:
         """Starts the Rust publisher on ``scheduler`` (built with ``enable_kv_events=True``)."""
         group: Optional[int] = None
@@ -108,4 +119,19 @@ class KVEventsConfig:
             medium=self.medium)
 
 
-__all__ = ["KVEventsConfig"]
+def offset_endpoint(endpoint: Optional[str], rank: int) -> Optional[str]:
+    """Data-parallel rank ``rank``'s endpoint (vLLM's ``offset_endpoint_port``): a ``tcp://`` port plus
+    ``rank``, an ``ipc://``/``inproc://`` path with ``_dp{rank}`` appended; rank 0 and None unchanged."""
+    if endpoint is None or rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    host, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit():
+        raise ValueError(f"kv_events_config.endpoint: {endpoint!r} has no port to offset for data-parallel rank {rank}")
+    if int(port) + rank > 65535:
+        raise ValueError(f"kv_events_config.endpoint: port {port} + data-parallel rank {rank} exceeds 65535")
+    return f"{host}:{int(port) + rank}"
+
+
+__all__ = ["KVEventsConfig", "offset_endpoint"]

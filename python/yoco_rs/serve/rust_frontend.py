@@ -8,7 +8,7 @@ flat arrays). What the Rust front end serves today is ``/v1/completions`` (text 
 ``n``, stop strings and ids, streaming with usage, echo, seeds, logprobs and prompt logprobs,
 penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1/chat/completions``
 (chat templates rendered in Rust), the render endpoints, ``/tokenize``, ``/detokenize`` and
-``/version``; requests that need what it does not serve yet (tools, KV events) get a 400 naming the
+``/version``; requests that need what it does not serve yet (tools) get a 400 naming the
 field (or a 501 for an endpoint). The default ``--frontend python`` serves everything.
 
 Structured outputs: the Rust loop owns the matchers and computes each step's token bitmasks on the
@@ -19,6 +19,7 @@ the Python engine reports them).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from typing import Optional
@@ -184,13 +185,17 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
             return 2
     cfg = EngineConfig.from_kwargs(model, **engine_kwargs)
     dp = int(getattr(args, "data_parallel_size", 1) or 1)
-    if dp > 1 and cfg.kv_events_config is not None and cfg.kv_events_config.active:
-        print("yoco-serve: error: --kv-events-config with --data-parallel-size > 1 is not supported yet "
-              "(each loop would need its own endpoint)", file=sys.stderr, flush=True)
+    kv = cfg.kv_events_config
+    per_rank = dp > 1 and kv is not None and kv.active
+    try:
+        # Each step loop publishes its own KV events, on its own endpoint (vLLM's data-parallel convention).
+        cfgs = [dataclasses.replace(cfg, kv_events_config=kv.for_rank(r)) if per_rank else cfg for r in range(dp)]
+    except ValueError as e:
+        print(f"yoco-serve: error: {e}", file=sys.stderr, flush=True)
         return 2
     # One runtime per step loop: its own weights, KV pool and sampler (on a GPU, pin each process to
     # its device; in one process they share the device and its memory budget).
-    rts = [build_runtime(cfg, progress=not args.disable_progress) for _ in range(dp)]
+    rts = [build_runtime(c, progress=not args.disable_progress) for c in cfgs]
     rt = rts[0]
     names = list(settings.served_model_names or [rt.model_name])
 
