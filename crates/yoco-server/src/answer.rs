@@ -11,6 +11,7 @@ use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::delta_chunk::DeltaChunk;
 use crate::logprobs_json::{echo_and_output, prompt_logprobs_json, CompletionLogprobs, TokenText};
 use crate::openai::{usage, ApiError};
 use crate::output::{Event, Finished, StopReason};
@@ -84,6 +85,8 @@ fn receiver_stream(idx: usize, rx: UnboundedReceiver<Event>) -> BoxStream<'stati
 
 struct StreamState {
     ctx: Ctx,
+    /// The plain text delta's chunk, serialized once (None: every chunk takes the general path).
+    plain: Option<DeltaChunk>,
     merged: SelectAll<BoxStream<'static, (usize, Event)>>,
     pending: VecDeque<Bytes>,
     started: Vec<bool>,
@@ -107,6 +110,24 @@ impl StreamState {
         let prompt = idx / self.ctx.n;
         let first = !self.started[idx];
         self.started[idx] = true;
+        if let (
+            Some(plain),
+            Event::Delta {
+                token_id,
+                text,
+                logprob: None,
+                prompt_logprobs: None,
+            },
+        ) = (&self.plain, &ev)
+        {
+            let plain_head =
+                !first || (self.ctx.echo[prompt].is_none() && !self.ctx.prompt_logprobs);
+            if plain_head && !self.ctx.logprobs && !self.continuous {
+                self.generated[idx] += token_id.is_some() as u64;
+                self.pending.push_back(plain.render(idx, text));
+                return;
+            }
+        }
         let (mut text, finish, stop_reason, tokens, logprobs, plp) = match ev {
             Event::Delta {
                 token_id,
@@ -191,8 +212,10 @@ pub(crate) fn stream_response(
     for (idx, rx) in subs {
         merged.push(receiver_stream(idx, rx));
     }
+    let plain = DeltaChunk::new(|choices| ctx.chunk(choices, None));
     let st = StreamState {
         ctx,
+        plain,
         merged,
         pending: VecDeque::new(),
         started: vec![false; total],

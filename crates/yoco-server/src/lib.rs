@@ -35,6 +35,7 @@ pub mod chat_protocol;
 mod completions;
 mod cors;
 mod delivery;
+mod delta_chunk;
 pub mod dispatch;
 pub mod executor;
 mod front_metrics;
