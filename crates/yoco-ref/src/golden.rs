@@ -1,7 +1,7 @@
 //! Golden fixtures for the Python and Triton kernels: inputs and the reference's expected outputs
 //! for a mixed paged batch, written as `.npz` (numpy's `np.load`). The format is documented in
-//! `golden/README.md`; `tests/golden.rs` checks the committed files against a fresh computation and
-//! regenerates them on request (`cargo test -p yoco-ref --profile ci --test golden -- --ignored`).
+//! `golden/README.md`; `tests/suite/golden.rs` checks the committed files against a fresh computation and
+//! regenerates them on request (`cargo test -p yoco-ref --profile ci --test suite golden:: -- --ignored`).
 
 use std::path::Path;
 

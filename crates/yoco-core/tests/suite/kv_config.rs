@@ -1,6 +1,6 @@
 //! Construction errors name the field and what would work; misuse that would corrupt KV panics.
 
-mod kv_common;
+use crate::kv_common;
 use kv_common::*;
 use yoco_core::kv::*;
 

@@ -1,7 +1,7 @@
 //! Multimodal requests in the scheduler: the encoder budget per step, and prefix hits that know
 //! which image / audio item a placeholder run held.
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::kv::MmPlaceholder;

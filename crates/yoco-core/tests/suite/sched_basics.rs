@@ -1,6 +1,6 @@
 //! Queues, admission order, limits and request validation (scheduler.md §10.6 SCH-1..4).
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::{NewRequest, Scheduler};

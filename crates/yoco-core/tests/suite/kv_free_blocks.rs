@@ -1,7 +1,7 @@
 //! `KvManager::free_blocks`: recompute preemption returns a request's blocks exactly as `free`
 //! does but keeps its hash chain, so resuming it does not rehash its history.
 
-mod kv_common;
+use crate::kv_common;
 
 use kv_common::*;
 use yoco_core::kv::*;

@@ -58,7 +58,7 @@ fn golden_files_stay_small() {
     }
 }
 
-/// `cargo test -p yoco-ref --profile ci --test golden -- --ignored` rewrites the fixtures.
+/// `cargo test -p yoco-ref --profile ci --test suite golden:: -- --ignored` rewrites the fixtures.
 #[test]
 #[ignore]
 fn regenerate_golden_files() {

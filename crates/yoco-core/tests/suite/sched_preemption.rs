@@ -1,6 +1,6 @@
 //! Recompute preemption and priorities (scheduler.md §2.2–2.3, §10.6 SCH-15..18).
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::{NewRequest, Policy};

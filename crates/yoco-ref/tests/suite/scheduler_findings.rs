@@ -1,6 +1,6 @@
 //! Scheduler behaviour the random workloads found wrong, pinned as small deterministic cases.
 
-mod common;
+use crate::common;
 
 use yoco_ref::driver::{run_oracle, DriverOptions};
 

@@ -3,7 +3,7 @@
 //! batching, fast prefill's cross-decoder selection), every request's token stream must equal the
 //! stream of a cache-less, unbatched run of the same model.
 
-mod common;
+use crate::common;
 
 use common::{count, Coverage};
 use yoco_core::kv::{HashExtras, KvConfig, LayerKind};

@@ -1,7 +1,7 @@
 //! KV events (scheduler.md §8, §10.4 PC-13/15, §10.3 MAP-5, §11.6 SB-19): sub-block granularity,
 //! emitted on a hash's 0->1 and 1->0 holder transitions only, chain-safe `Stored` runs.
 
-mod kv_common;
+use crate::kv_common;
 use kv_common::*;
 use yoco_core::kv::*;
 

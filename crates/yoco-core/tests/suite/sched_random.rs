@@ -4,7 +4,7 @@
 //! scheduler and block manager invariants must hold after every step, and nothing may stay
 //! referenced at the end.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! Stop conditions through `update`, abort and finish in every state, and leak freedom
 //! (scheduler.md §3, §10.6 SCH-10, SCH-11, SCH-14).
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::{FinishReason, NewRequest, Scheduler, NOT_FINISHED};

@@ -1,6 +1,6 @@
 //! Admission: skip-and-continue with an aging bound (scheduler.md §12.2), `after` for n > 1 siblings.
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::NewRequest;

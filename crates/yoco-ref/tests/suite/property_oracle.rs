@@ -2,7 +2,7 @@
 //! attention over paged memory must equal attention over its request's contiguous history (1e-6),
 //! and every cross-decoder row must attend to exactly the keys at or before its own position.
 
-mod common;
+use crate::common;
 
 use common::{count, Coverage};
 use yoco_ref::driver::{run_oracle, DriverOptions};

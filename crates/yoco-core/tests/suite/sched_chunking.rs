@@ -1,6 +1,6 @@
 //! Chunked prefill under the token budget (scheduler.md §10.6 SCH-5..7).
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -8,7 +8,7 @@
 //! prefix-index entries built from KV that was not computed (the KV-simulating mock would make a
 //! later hit on such an entry produce wrong tokens).
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

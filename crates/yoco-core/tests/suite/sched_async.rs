@@ -3,7 +3,7 @@
 //! scheduled on a placeholder the executor fills from step N's samples. The KV-simulating mock
 //! makes any wrong input, slot, copy or premature block reuse change the tokens.
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::{FinishReason, NewRequest, NOT_FINISHED};

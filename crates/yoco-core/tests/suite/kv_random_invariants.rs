@@ -15,7 +15,7 @@
 //! `YOCO_KV_FUZZ_OPS` overrides the number of manager calls (default 1,000,000 in optimized builds,
 //! 100,000 unoptimized; split over the configurations); `YOCO_KV_FUZZ_SEED` the seed.
 
-mod kv_common;
+use crate::kv_common;
 
 use kv_common::fuzz::{configs, Harness, S_ADMIT, S_HIT, S_NOSPACE, S_PREEMPT, S_RESET, S_STEPS};
 

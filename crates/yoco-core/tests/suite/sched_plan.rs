@@ -1,7 +1,7 @@
 //! The step plan's arrays for mixed batches, spelled out: rows, tokens, sampling, the cross-decoder
 //! selection (fast prefill), padding, block tables and dirty rows.
 
-mod common;
+use crate::common;
 
 use common::*;
 use yoco_core::sched::{NewRequest, SchedulerConfig};

@@ -1,8 +1,7 @@
 //! The `peer-bench-workload/1` loader reproduces the reference token generator, and the shared
 //! workloads run to completion through the scheduler (what the benchmarks time).
 
-#[path = "../../../benches/rust/workload.rs"]
-mod workload;
+use crate::workload;
 
 use std::path::PathBuf;
 

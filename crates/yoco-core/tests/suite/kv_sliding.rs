@@ -2,7 +2,7 @@
 //! running request releases, the admission cap, and hybrid (full + sliding) hits. Each group has its
 //! own pool here, so block ids are per group (vLLM shares one id space).
 
-mod kv_common;
+use crate::kv_common;
 use kv_common::*;
 use yoco_core::kv::*;
 

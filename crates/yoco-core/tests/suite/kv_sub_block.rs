@@ -7,7 +7,7 @@
 //! would copy; scenarios that pin RBLN's copy behaviour use a source that holds more sub-blocks
 //! than matched, or one still referenced.
 
-mod kv_common;
+use crate::kv_common;
 use kv_common::*;
 use yoco_core::kv::*;
 

@@ -3,7 +3,7 @@
 //! it executed, so each scenario calls `execute` (commit) where vLLM would have cached at schedule
 //! time.
 
-mod kv_common;
+use crate::kv_common;
 use kv_common::*;
 use yoco_core::kv::*;
 

@@ -3,7 +3,7 @@
 //! would see these bugs. Each mutation is applied at its first opportunity in a workload that passes
 //! unmutated; every workload where it was applied must then fail.
 
-mod common;
+use crate::common;
 
 use common::{
     copy_length_minus_one, every, forget_dirty_rows, logits_index_minus_one, once,
