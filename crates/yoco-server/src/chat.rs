@@ -53,7 +53,7 @@ pub(crate) async fn chat_inputs(
     let model = s.check_model(req.model.as_deref())?;
     s.ensure_serving()?;
     req.refused()?;
-    let n = check_n(s, req.n)?;
+    let n = check_n(s, req.sampling.n)?;
     let text = render(s, req).await?;
     let ids = encode_rendered(
         s,
@@ -63,9 +63,9 @@ pub(crate) async fn chat_inputs(
     )
     .await?;
     let view = req.sampling_view(s.cfg.max_logprobs)?;
-    let stream = req.stream.unwrap_or(false);
+    let stream = req.sampling.stream.unwrap_or(false);
     let mut params = gen_params_for(s, &view, &ids, stream, "messages")?;
-    let fields = req.constraint_fields();
+    let fields = req.sampling.constraint_fields();
     if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
         // Compiled once (off the loop, under the budget); every choice forks its own matcher.
         params.grammar = Some(compile(s, c).await?);
@@ -149,11 +149,11 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         prompt_logprobs: inputs.params.prompt_logprobs.is_some(),
         text: TokenText::new(
             s.clone(),
-            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+            req.sampling.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
         ),
     };
     if inputs.params.stream {
-        let opts = req.stream_options.clone().unwrap_or_default();
+        let opts = req.sampling.stream_options.clone().unwrap_or_default();
         Ok(chat_stream(
             ctx,
             subs,
