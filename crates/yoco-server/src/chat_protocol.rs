@@ -65,6 +65,15 @@ pub struct ChatCompletionRequest {
     /// With `logprobs`: this many most likely alternatives per token.
     #[serde(default)]
     pub top_logprobs: Option<i64>,
+    /// Functions the model may call (`serve/tools.py`; checked in [`crate::tools::plan_tools`]).
+    #[serde(default)]
+    pub tools: Option<Json>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    #[serde(default)]
+    pub tool_choice: Option<Json>,
+    /// False: `required` makes exactly one call (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// The sampling fields shared with `/v1/completions` (`max_completion_tokens` wins over
     /// their `max_tokens`).
     #[serde(flatten)]
@@ -74,8 +83,8 @@ pub struct ChatCompletionRequest {
     pub rest: serde_json::Map<String, Json>,
 }
 
-/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: tools
-/// (not served by this front end yet), and what the Python server refuses for chat too.
+/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: what the
+/// Python server refuses for chat too.
 fn is_set(v: &Json) -> bool {
     !v.is_null()
 }
@@ -89,16 +98,9 @@ fn is_nonempty(v: &Json) -> bool {
 
 type Check = fn(&Json) -> bool;
 
-const NOT_YET: &str = "is not supported by the Rust front end yet; use yoco-serve's default server";
 const NEVER: &str = "is not supported by yoco-serve";
 
-const REFUSED: [(&str, Check, &str); 11] = [
-    ("tools", is_nonempty, NOT_YET),
-    (
-        "tool_choice",
-        |v| is_set(v) && v.as_str() != Some("none"),
-        NOT_YET,
-    ),
+const REFUSED: [(&str, Check, &str); 9] = [
     ("functions", is_nonempty, NEVER),
     ("function_call", is_set, NEVER),
     ("logit_bias", is_nonempty, NEVER),
