@@ -115,19 +115,24 @@ def test_rust_frontend_seeded_sampling_is_reproducible(server):
 def test_rust_frontend_refuses_what_it_does_not_serve_yet_by_name(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logit_bias": {"5": 1.0}}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+    # Tools are served (tests/test_tools_serve.py); without --enable-auto-tool-choice, tools without
+    # tool_choice mean "auto", which is refused naming tool_choice, as the Python server does.
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                               "tools": [{"type": "function", "function": {"name": "f"}}]},
                    timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/audio/transcriptions", json={}, timeout=30)
     assert r.status_code == 501 and "--frontend python" in r.json()["error"]["message"]
     m = httpx.get(server.url + "/metrics", timeout=30).text
     assert "yoco:num_requests_running" in m and "yoco:engine_step_period_seconds_bucket" in m
 
 
-def test_rust_frontend_refuses_unsupported_flags_at_start():
-    with pytest.raises(RuntimeError, match="--tool-call-parser is not supported with --frontend rust"):
-        CliServer("--frontend", "rust", "--tool-call-parser", "pythonic", timeout=60)
+def test_rust_frontend_takes_the_tool_flags_and_refuses_auto_without_a_parser_at_start():
+    # The tool flags reach the Rust server (tests/test_tools_serve.py serves with them); the
+    # flag check is the same as the Python server's.
+    with pytest.raises(RuntimeError, match="--enable-auto-tool-choice needs --tool-call-parser"):
+        CliServer("--frontend", "rust", "--enable-auto-tool-choice", timeout=60)
 
 
 def test_the_chat_template_flag_is_the_template_and_request_templates_need_trust(server):

@@ -1,7 +1,10 @@
 """Tool calling over HTTP with the official ``openai`` client: ``tool_choice`` required / named (enforced
 by a grammar over the tools' parameter schemas), auto (the pythonic parser), none; ``tool_calls`` in
 responses and in streamed deltas, ``finish_reason: "tool_calls"``, and a round trip with the tool's
-result in the conversation. Plus the pieces alone: validation, parsers, the Gemma 3n tool template."""
+result in the conversation. Plus the pieces alone: validation, parsers, the Gemma 3n tool template.
+
+The HTTP tests run against both front ends: the default (Python) server and ``--frontend rust``
+(``crates/yoco-server``: tools.rs, tool_parse.rs, tool_stream.rs), started with the same flags."""
 
 from __future__ import annotations
 
@@ -12,12 +15,26 @@ import jsonschema
 import openai
 import pytest
 
-from structured_server import structured_fixture
+from serve_helpers import CliServer
+from structured_server import ENGINE, structured_fixture
 from yoco_rs.serve.errors import APIError
 from yoco_rs.serve.tools import ToolPlan, parse_tool_calls, plan_tools, tool_template
 from yoco_rs.tokenizer import Tokenizer
 
-srv = pytest.fixture(scope="module")(structured_fixture)
+RUST_FLAGS = ("--frontend", "rust", "--max-model-len", str(ENGINE["max_model_len"]), "--kv-cache-memory", "128MiB",
+              "--max-num-seqs", str(ENGINE["max_num_seqs"]), "--seed", "0", "--served-model-name", "yoco-tiny",
+              "--structured-outputs-config", json.dumps(ENGINE["structured_outputs_config"]),
+              "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
+
+
+@pytest.fixture(scope="module", params=["python", "rust"])
+def srv(request):
+    if request.param == "python":
+        yield from structured_fixture()
+        return
+    s = CliServer(*RUST_FLAGS)
+    yield s
+    s.kill()
 MODEL = "yoco-tiny"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "unit": {"enum": ["c", "f"]}},

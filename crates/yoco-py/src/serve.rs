@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use yoco_server::{
     AppConfig, ExecError, Executor, GenParams, LoopConfig, SamplingDefaults, SpecialTokens,
-    StepInputs, StepOutput,
+    StepInputs, StepOutput, ToolConfig, ToolParser,
 };
 use yoco_text::Tokenizer;
 
@@ -178,7 +178,8 @@ impl Executor for PyStepExecutor {
     trust_request_chat_template = false, chat_template_timeout = 2.0, sampling_defaults = Vec::new(),
     compat_metric_names = false, allowed_origins = Vec::new(), return_tokens_as_token_ids = false,
     version = None, cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
-    structured_outputs_config = None
+    structured_outputs_config = None, enable_auto_tool_choice = false, tool_call_parser = None,
+    tool_chat_template = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -213,6 +214,9 @@ pub fn serve_http(
     kv_sharing_fast_prefill: bool,
     max_logprobs: u32,
     structured_outputs_config: Option<Bound<'_, PyDict>>,
+    enable_auto_tool_choice: bool,
+    tool_call_parser: Option<String>,
+    tool_chat_template: Option<String>,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -286,6 +290,19 @@ pub fn serve_http(
         unk: tok_of("unk_token"),
     };
     cfg.trust_request_chat_template = trust_request_chat_template;
+    let parser = match tool_call_parser.as_deref() {
+        None => None,
+        Some(name) => Some(ToolParser::from_name(name).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "tool_call_parser must be pythonic or json, got {name:?}"
+            ))
+        })?),
+    };
+    cfg.tools = ToolConfig {
+        auto_enabled: enable_auto_tool_choice,
+        parser,
+        template: tool_chat_template,
+    };
     if !(chat_template_timeout.is_finite() && chat_template_timeout >= 0.0) {
         return Err(PyValueError::new_err(format!(
             "chat_template_timeout must be >= 0 seconds, got {chat_template_timeout}"

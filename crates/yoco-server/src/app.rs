@@ -24,6 +24,7 @@ use crate::metrics;
 use crate::openai::ApiError;
 pub use crate::structured::StructuredConfig;
 use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
+use crate::tools::ToolConfig;
 use crate::{chat, cors, render, tokenize};
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
@@ -78,6 +79,8 @@ pub struct AppConfig {
     pub return_tokens_as_token_ids: bool,
     /// Structured outputs: EOS ids, compile budgets, compact JSON (`--structured-outputs-config`).
     pub structured: StructuredConfig,
+    /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`, the tool-aware template.
+    pub tools: ToolConfig,
 }
 
 /// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
@@ -121,6 +124,7 @@ impl AppConfig {
             max_logprobs: 20,
             return_tokens_as_token_ids: false,
             structured: StructuredConfig::default(),
+            tools: ToolConfig::default(),
         }
     }
 

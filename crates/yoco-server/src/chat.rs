@@ -6,7 +6,10 @@
 //! wins over `max_tokens`, `add_generation_prompt` defaults to true, `continue_final_message`
 //! excludes it, a request `chat_template` needs `--trust-request-chat-template`, logprobs come in
 //! the chat form (`logprobs` + `top_logprobs`), penalties and structured outputs are the completions
-//! endpoint's, and the fields this front end does not serve yet (tools) are 400s naming them.
+//! endpoint's. Tools (`tools`, `tool_choice`) are planned in [`crate::tools`]: they reach the
+//! template (the tool-aware one unless a template was given), `required` / a named function add
+//! their grammar, and the answer carries the parsed `tool_calls` ([`crate::tool_parse`],
+//! [`crate::tool_stream`]).
 
 use std::sync::Arc;
 
@@ -25,6 +28,7 @@ use crate::openai::ApiError;
 use crate::params::GenParams;
 use crate::structured::{compile, constraint_of};
 use crate::template::Conversation;
+use crate::tools::{plan_tools, tool_constraint, ToolPlan};
 use crate::validate::{check_n, encode_rendered, gen_params_for};
 
 pub(crate) async fn create(
@@ -43,6 +47,8 @@ pub(crate) struct ChatInputs {
     pub model: String,
     pub params: GenParams,
     pub n: u32,
+    /// What the request does with its tools.
+    pub tools: ToolPlan,
 }
 
 /// Validates, renders and tokenizes a chat request, without submitting it.
@@ -53,8 +59,14 @@ pub(crate) async fn chat_inputs(
     let model = s.check_model(req.model.as_deref())?;
     s.ensure_serving()?;
     req.refused()?;
-    let n = check_n(s, req.n)?;
-    let text = render(s, req).await?;
+    let n = check_n(s, req.sampling.n)?;
+    let tools = plan_tools(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        &s.cfg.tools,
+    )?;
+    let text = render(s, req, Some(&tools)).await?;
     let ids = encode_rendered(
         s,
         text,
@@ -63,21 +75,29 @@ pub(crate) async fn chat_inputs(
     )
     .await?;
     let view = req.sampling_view(s.cfg.max_logprobs)?;
-    let stream = req.stream.unwrap_or(false);
+    let stream = req.sampling.stream.unwrap_or(false);
     let mut params = gen_params_for(s, &view, &ids, stream, "messages")?;
-    let fields = req.constraint_fields();
-    if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
+    let fields = req.sampling.constraint_fields();
+    let compact = s.cfg.structured.disable_any_whitespace;
+    if let Some(c) = constraint_of(&fields, tool_constraint(&tools, compact), compact)? {
         // Compiled once (off the loop, under the budget); every choice forks its own matcher.
         params.grammar = Some(compile(s, c).await?);
     }
-    Ok(ChatInputs { model, params, n })
+    Ok(ChatInputs {
+        model,
+        params,
+        n,
+        tools,
+    })
 }
 
 /// The request's conversation through the template (the server's, or the request's own where the
-/// server trusts request templates).
+/// server trusts request templates). With `tools` holding functions, they reach the template as
+/// `tools`, and a request without its own template renders with the tool-aware one.
 pub(crate) async fn render(
     s: &Arc<AppState>,
     req: &ChatCompletionRequest,
+    tools: Option<&ToolPlan>,
 ) -> Result<String, ApiError> {
     let trusted = s.cfg.trust_request_chat_template;
     if req.chat_template.is_some() && !trusted {
@@ -87,11 +107,22 @@ pub(crate) async fn render(
             Some("chat_template"),
         ));
     }
-    let kwargs = template_kwargs(req.chat_template_kwargs.as_ref(), trusted)?;
-    let request_template = req
+    let mut kwargs = template_kwargs(req.chat_template_kwargs.as_ref(), trusted)?;
+    let mut request_template = req
         .chat_template
         .clone()
         .or_else(|| kwargs_template(req.chat_template_kwargs.as_ref()).filter(|_| trusted));
+    if let Some(plan) = tools.filter(|p| !p.tools.is_empty()) {
+        kwargs.retain(|(k, _)| k != "tools");
+        kwargs.push((
+            "tools".into(),
+            serde_json::from_value::<minijinja::Value>(plan.template_tools())
+                .map_err(|e| ApiError::bad(e.to_string(), Some("tools")))?,
+        ));
+        if request_template.is_none() {
+            request_template = s.cfg.tools.template.clone();
+        }
+    }
     let messages = req
         .messages
         .as_deref()
@@ -149,11 +180,13 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         prompt_logprobs: inputs.params.prompt_logprobs.is_some(),
         text: TokenText::new(
             s.clone(),
-            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+            req.sampling.return_tokens_as_token_ids.unwrap_or(false)
+                || s.cfg.return_tokens_as_token_ids,
         ),
+        tools: inputs.tools,
     };
     if inputs.params.stream {
-        let opts = req.stream_options.clone().unwrap_or_default();
+        let opts = req.sampling.stream_options.clone().unwrap_or_default();
         Ok(chat_stream(
             ctx,
             subs,

@@ -8,6 +8,9 @@
 //! Then `data: [DONE]`. An engine failure after the 200 is an error event before `[DONE]`.
 //! With `logprobs`, each chunk with tokens carries their chat-form logprobs; non-streaming, each
 //! choice carries its own and the body the prompt's (`prompt_logprobs`), as the Python server does.
+//! With tools in play (`tool_choice` auto / required / named), a reply's calls are `message.tool_calls`
+//! ([`crate::tool_parse`]) or, streamed, `delta.tool_calls` ([`crate::tool_stream`]), and a reply
+//! that called tools under auto / required finishes with `tool_calls`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -23,6 +26,9 @@ use crate::logprobs::TokenLogprob;
 use crate::logprobs_json::{chat_logprobs, prompt_logprobs_json, TokenText};
 use crate::openai::{usage, ApiError};
 use crate::output::{Event, Finished, StopReason};
+use crate::tool_parse::parse_reply;
+use crate::tool_stream::{merge_deltas, ToolCallStream};
+use crate::tools::{finish_reason as tool_finish, ToolPlan};
 
 /// What every chunk of one chat response shares.
 pub(crate) struct ChatCtx {
@@ -36,6 +42,8 @@ pub(crate) struct ChatCtx {
     pub prompt_logprobs: bool,
     /// Token texts for the logprobs.
     pub text: TokenText,
+    /// The request's tools.
+    pub tools: ToolPlan,
 }
 
 fn stop_reason(f: &Finished) -> Value {
@@ -78,6 +86,8 @@ struct ChatStream {
     merged: SelectAll<BoxStream<'static, (usize, Event)>>,
     pending: VecDeque<Bytes>,
     started: Vec<bool>,
+    /// Each choice's streamed tool calls (tools in play).
+    calls: Vec<Option<ToolCallStream>>,
     generated: u64,
     cached: u64,
     include_usage: bool,
@@ -135,7 +145,33 @@ impl ChatStream {
         } else {
             self.ctx.logprobs(&ids, &lps)
         };
-        let delta = if !text.is_empty() || finish.is_null() {
+        let mut finish = finish;
+        let delta = if self.ctx.tools.active() {
+            // Calls stream as they are generated: a call's first delta names it, later ones carry
+            // fragments of its arguments; other text is content.
+            let tools = &self.ctx.tools;
+            let ts = self.calls[idx].get_or_insert_with(|| ToolCallStream::new(tools));
+            let (mut content, mut tcs) = ts.feed(&text);
+            if let Some(reason) = finish.as_str() {
+                let (more, tail) = ts.end();
+                content.push_str(&more);
+                tcs.extend(tail);
+                tcs = merge_deltas(tcs);
+                finish = json!(tool_finish(reason, tools, ts.called()));
+            }
+            let mut d = serde_json::Map::new();
+            if !content.is_empty() {
+                d.insert("content".into(), json!(content));
+            }
+            if !tcs.is_empty() {
+                let list: Vec<Value> = tcs.iter().map(|t| t.to_json()).collect();
+                d.insert("tool_calls".into(), Value::Array(list));
+            }
+            if d.is_empty() && finish.is_null() && logprobs.is_null() {
+                return;
+            }
+            Value::Object(d)
+        } else if !text.is_empty() || finish.is_null() {
             json!({"content": text})
         } else {
             json!({})
@@ -182,6 +218,7 @@ pub(crate) fn chat_stream(
         merged,
         pending: VecDeque::new(),
         started: vec![false; total],
+        calls: (0..total).map(|_| None).collect(),
         generated: 0,
         cached: 0,
         include_usage,
@@ -250,10 +287,18 @@ pub(crate) async fn chat_final(
         completion += f.completion_tokens as u64;
         cached = cached.max(f.cached_tokens as u64);
         let logprobs = ctx.logprobs(&f.token_ids, &f.logprobs);
+        let mut reason = f.reason.as_str();
+        let message = if ctx.tools.active() {
+            let (content, calls) = parse_reply(&f.text, &ctx.tools);
+            reason = tool_finish(reason, &ctx.tools, !calls.is_empty());
+            let calls: Vec<Value> = calls.iter().map(|c| c.to_json()).collect();
+            json!({"role": "assistant", "content": content, "tool_calls": calls})
+        } else {
+            json!({"role": "assistant", "content": f.text})
+        };
         choices.push(
-            json!({"index": idx, "message": {"role": "assistant", "content": f.text},
-                            "logprobs": logprobs, "finish_reason": f.reason.as_str(),
-                            "stop_reason": stop_reason(f)}),
+            json!({"index": idx, "message": message, "logprobs": logprobs,
+                            "finish_reason": reason, "stop_reason": stop_reason(f)}),
         );
     }
     let mut body = json!({"id": ctx.id, "object": "chat.completion", "created": ctx.created,

@@ -10,8 +10,7 @@ use minijinja::value::{Value, ValueKind};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::openai::{ApiError, CompletionRequest, StopInput, StreamOptions};
-use crate::structured::ConstraintFields;
+use crate::openai::{ApiError, CompletionRequest, SamplingRequest};
 use crate::validate::logprobs_field;
 
 /// Roles a message may have.
@@ -36,60 +35,9 @@ pub struct ChatCompletionRequest {
     /// The conversation.
     #[serde(default)]
     pub messages: Option<Vec<Value>>,
-    /// Output tokens at most (OpenAI's older name).
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
     /// Output tokens at most; wins over `max_tokens`.
     #[serde(default)]
     pub max_completion_tokens: Option<i64>,
-    /// Sampling temperature.
-    #[serde(default)]
-    pub temperature: Option<f64>,
-    /// Nucleus sampling.
-    #[serde(default)]
-    pub top_p: Option<f64>,
-    /// Top-k.
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    /// Min-p.
-    #[serde(default)]
-    pub min_p: Option<f64>,
-    /// Per-request seed.
-    #[serde(default)]
-    pub seed: Option<i64>,
-    /// Choices.
-    #[serde(default)]
-    pub n: Option<i64>,
-    /// Server-sent events.
-    #[serde(default)]
-    pub stream: Option<bool>,
-    /// Streaming options.
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    /// Stop strings.
-    #[serde(default)]
-    pub stop: Option<StopInput>,
-    /// Stop token ids.
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<i64>>,
-    /// Generate past EOS.
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    /// No stop before this many tokens.
-    #[serde(default)]
-    pub min_tokens: Option<i64>,
-    /// Leave special tokens out of the text.
-    #[serde(default)]
-    pub skip_special_tokens: Option<bool>,
-    /// Keep the stop string in the text.
-    #[serde(default)]
-    pub include_stop_str_in_output: Option<bool>,
-    /// Prefix-cache namespace.
-    #[serde(default)]
-    pub cache_salt: Option<String>,
-    /// Priority.
-    #[serde(default)]
-    pub priority: Option<i64>,
     /// End the prompt with the assistant's turn opener (default true).
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
@@ -117,46 +65,26 @@ pub struct ChatCompletionRequest {
     /// With `logprobs`: this many most likely alternatives per token.
     #[serde(default)]
     pub top_logprobs: Option<i64>,
-    /// vLLM's: logprobs of each prompt position, with this many alternatives.
+    /// Functions the model may call (`serve/tools.py`; checked in [`crate::tools::plan_tools`]).
     #[serde(default)]
-    pub prompt_logprobs: Option<i64>,
-    /// vLLM's: logprob tokens as `token_id:N`.
+    pub tools: Option<Json>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
     #[serde(default)]
-    pub return_tokens_as_token_ids: Option<bool>,
-    /// OpenAI's presence penalty, [-2, 2].
+    pub tool_choice: Option<Json>,
+    /// False: `required` makes exactly one call (default true).
     #[serde(default)]
-    pub presence_penalty: Option<f64>,
-    /// OpenAI's frequency penalty, [-2, 2].
-    #[serde(default)]
-    pub frequency_penalty: Option<f64>,
-    /// vLLM's repetition penalty (> 0, 1 = off).
-    #[serde(default)]
-    pub repetition_penalty: Option<f64>,
-    /// OpenAI's structured outputs (`text`, `json_object`, `json_schema`).
-    #[serde(default)]
-    pub response_format: Option<Json>,
-    /// vLLM's structured outputs object.
-    #[serde(default)]
-    pub structured_outputs: Option<Json>,
-    /// vLLM's older spellings of a constraint.
-    #[serde(default)]
-    pub guided_json: Option<Json>,
-    /// See `guided_json`.
-    #[serde(default)]
-    pub guided_regex: Option<Json>,
-    /// See `guided_json`.
-    #[serde(default)]
-    pub guided_choice: Option<Json>,
-    /// See `guided_json`.
-    #[serde(default)]
-    pub guided_grammar: Option<Json>,
+    pub parallel_tool_calls: Option<bool>,
+    /// The sampling fields shared with `/v1/completions` (`max_completion_tokens` wins over
+    /// their `max_tokens`).
+    #[serde(flatten)]
+    pub sampling: SamplingRequest,
     /// Every other field, checked by name in [`refused`].
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Json>,
 }
 
-/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: tools
-/// (not served by this front end yet), and what the Python server refuses for chat too.
+/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: what the
+/// Python server refuses for chat too.
 fn is_set(v: &Json) -> bool {
     !v.is_null()
 }
@@ -170,16 +98,9 @@ fn is_nonempty(v: &Json) -> bool {
 
 type Check = fn(&Json) -> bool;
 
-const NOT_YET: &str = "is not supported by the Rust front end yet; use yoco-serve's default server";
 const NEVER: &str = "is not supported by yoco-serve";
 
-const REFUSED: [(&str, Check, &str); 11] = [
-    ("tools", is_nonempty, NOT_YET),
-    (
-        "tool_choice",
-        |v| is_set(v) && v.as_str() != Some("none"),
-        NOT_YET,
-    ),
+const REFUSED: [(&str, Check, &str); 9] = [
     ("functions", is_nonempty, NEVER),
     ("function_call", is_set, NEVER),
     ("logit_bias", is_nonempty, NEVER),
@@ -216,7 +137,7 @@ impl ChatCompletionRequest {
             }
         }
         if let Some(b) = self.rest.get("best_of").filter(|v| !v.is_null()) {
-            let n = self.n.unwrap_or(1);
+            let n = self.sampling.n.unwrap_or(1);
             if b.as_i64() != Some(n) {
                 return Err(ApiError::bad(
                     format!(
@@ -226,7 +147,7 @@ impl ChatCompletionRequest {
                 ));
             }
         }
-        if self.stream_options.is_some() && self.stream != Some(true) {
+        if self.sampling.stream_options.is_some() && self.sampling.stream != Some(true) {
             return Err(ApiError::bad(
                 "stream_options is only allowed when stream is true",
                 Some("stream_options"),
@@ -250,55 +171,20 @@ impl ChatCompletionRequest {
             ),
             _ => None,
         };
+        let max_tokens = self.max_completion_tokens.or(self.sampling.max_tokens);
         Ok(CompletionRequest {
             model: None,
             prompt: None,
-            max_tokens: self.max_completion_tokens.or(self.max_tokens),
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            seed: self.seed,
-            n: self.n,
-            stream: self.stream,
-            stream_options: self.stream_options.clone(),
-            stop: self.stop.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            ignore_eos: self.ignore_eos,
-            min_tokens: self.min_tokens,
-            skip_special_tokens: self.skip_special_tokens,
-            include_stop_str_in_output: self.include_stop_str_in_output,
-            cache_salt: self.cache_salt.clone(),
-            priority: self.priority,
             echo: None,
             logprobs,
-            prompt_logprobs: self.prompt_logprobs,
-            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
             best_of: None,
             suffix: None,
             logit_bias: None,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            repetition_penalty: self.repetition_penalty,
-            response_format: self.response_format.clone(),
-            structured_outputs: self.structured_outputs.clone(),
-            guided_json: self.guided_json.clone(),
-            guided_regex: self.guided_regex.clone(),
-            guided_choice: self.guided_choice.clone(),
-            guided_grammar: self.guided_grammar.clone(),
+            sampling: SamplingRequest {
+                max_tokens,
+                ..self.sampling.clone()
+            },
         })
-    }
-
-    /// The constraint fields, as [`crate::structured::constraint_of`] reads them.
-    pub(crate) fn constraint_fields(&self) -> ConstraintFields<'_> {
-        ConstraintFields {
-            response_format: self.response_format.as_ref(),
-            structured_outputs: self.structured_outputs.as_ref(),
-            guided_json: self.guided_json.as_ref(),
-            guided_regex: self.guided_regex.as_ref(),
-            guided_choice: self.guided_choice.as_ref(),
-            guided_grammar: self.guided_grammar.as_ref(),
-        }
     }
 }
 

@@ -21,7 +21,7 @@ use crate::app::{parse_json, AppState};
 use crate::logprobs_json::TokenText;
 use crate::openai::{ApiError, CompletionRequest};
 use crate::params::GenParams;
-use crate::structured::{compile, constraint_of, ConstraintFields};
+use crate::structured::{compile, constraint_of};
 use crate::validate::{check_n, gen_params, prompts, refuse_unserved, Prompt};
 
 pub(crate) async fn create(
@@ -43,9 +43,9 @@ pub(crate) async fn completion_inputs(
     let model = s.check_model(req.model.as_deref())?;
     s.ensure_serving()?;
     refuse_unserved(req)?;
-    let n = check_n(s, req.n)?;
+    let n = check_n(s, req.sampling.n)?;
     let prompts = prompts(s, req.prompt.clone()).await?;
-    let stream = req.stream.unwrap_or(false);
+    let stream = req.sampling.stream.unwrap_or(false);
     let params: Vec<GenParams> = prompts
         .iter()
         .map(|p| gen_params(s, req, &p.ids, stream))
@@ -56,16 +56,9 @@ pub(crate) async fn completion_inputs(
 async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
     let (model, prompts, mut params, n) = completion_inputs(&s, &req).await?;
-    let stream = req.stream.unwrap_or(false);
+    let stream = req.sampling.stream.unwrap_or(false);
     s.front.observe_params(n, params[0].max_tokens);
-    let fields = ConstraintFields {
-        response_format: req.response_format.as_ref(),
-        structured_outputs: req.structured_outputs.as_ref(),
-        guided_json: req.guided_json.as_ref(),
-        guided_regex: req.guided_regex.as_ref(),
-        guided_choice: req.guided_choice.as_ref(),
-        guided_grammar: req.guided_grammar.as_ref(),
-    };
+    let fields = req.sampling.constraint_fields();
     if let Some(c) = constraint_of(&fields, None, s.cfg.structured.disable_any_whitespace)? {
         // Compiled once (off the loop, under the budget); every completion forks its own matcher.
         let g = compile(&s, c).await?;
@@ -115,14 +108,15 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         echo,
         echo_ids,
         logprobs,
-        prompt_logprobs: req.prompt_logprobs.is_some(),
+        prompt_logprobs: req.sampling.prompt_logprobs.is_some(),
         text: TokenText::new(
             s.clone(),
-            req.return_tokens_as_token_ids.unwrap_or(false) || s.cfg.return_tokens_as_token_ids,
+            req.sampling.return_tokens_as_token_ids.unwrap_or(false)
+                || s.cfg.return_tokens_as_token_ids,
         ),
     };
     if stream {
-        let opts = req.stream_options.clone().unwrap_or_default();
+        let opts = req.sampling.stream_options.clone().unwrap_or_default();
         Ok(stream_response(
             ctx,
             subs,

@@ -7,6 +7,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::structured::ConstraintFields;
+
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -102,15 +104,12 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
-/// `POST /v1/completions`: the fields this front end serves (unknown fields are ignored, as vLLM
-/// does; known fields it does not serve yet are refused by name in `completions.rs`).
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    /// Served model name (optional: the only model).
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The prompt(s).
-    pub prompt: Option<PromptInput>,
+/// The sampling, stopping and structured-output fields that `/v1/completions` and
+/// `/v1/chat/completions` share, read once here and flattened into both requests (so the chat
+/// request hands them to the completions validator as they are, not copied field by field).
+/// Serde's `flatten` buffers these fields; a wrong type is still a 400 with serde's message.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingRequest {
     /// Output tokens at most (default: what the context leaves).
     #[serde(default)]
     pub max_tokens: Option<i64>,
@@ -162,27 +161,12 @@ pub struct CompletionRequest {
     /// Priority (lower first, with the priority policy).
     #[serde(default)]
     pub priority: Option<i64>,
-    /// Prepend the prompt to the output.
-    #[serde(default)]
-    pub echo: Option<bool>,
-    /// Logprobs of each sampled token, with this many most likely alternatives.
-    #[serde(default)]
-    pub logprobs: Option<i64>,
     /// vLLM's: logprobs of each prompt position, with this many alternatives.
     #[serde(default)]
     pub prompt_logprobs: Option<i64>,
     /// vLLM's: logprob tokens as `token_id:N`.
     #[serde(default)]
     pub return_tokens_as_token_ids: Option<bool>,
-    /// Best-of (not served).
-    #[serde(default)]
-    pub best_of: Option<Value>,
-    /// Suffix (not served).
-    #[serde(default)]
-    pub suffix: Option<Value>,
-    /// Logit bias (not served yet).
-    #[serde(default)]
-    pub logit_bias: Option<Value>,
     /// OpenAI's presence penalty, [-2, 2].
     #[serde(default)]
     pub presence_penalty: Option<f64>,
@@ -210,6 +194,49 @@ pub struct CompletionRequest {
     /// vLLM's older spelling: a Lark grammar.
     #[serde(default)]
     pub guided_grammar: Option<Value>,
+}
+
+impl SamplingRequest {
+    /// The constraint fields, as [`crate::structured::constraint_of`] reads them.
+    pub(crate) fn constraint_fields(&self) -> ConstraintFields<'_> {
+        ConstraintFields {
+            response_format: self.response_format.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        }
+    }
+}
+
+/// `POST /v1/completions`: the fields this front end serves (unknown fields are ignored, as vLLM
+/// does; known fields it does not serve yet are refused by name in `completions.rs`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// Served model name (optional: the only model).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The prompt(s).
+    pub prompt: Option<PromptInput>,
+    /// Prepend the prompt to the output.
+    #[serde(default)]
+    pub echo: Option<bool>,
+    /// Logprobs of each sampled token, with this many most likely alternatives.
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    /// Best-of (not served).
+    #[serde(default)]
+    pub best_of: Option<Value>,
+    /// Suffix (not served).
+    #[serde(default)]
+    pub suffix: Option<Value>,
+    /// Logit bias (not served yet).
+    #[serde(default)]
+    pub logit_bias: Option<Value>,
+    /// The fields shared with chat.
+    #[serde(flatten)]
+    pub sampling: SamplingRequest,
 }
 
 /// OpenAI's `usage`, with the prefix-cache hit as `prompt_tokens_details.cached_tokens`.

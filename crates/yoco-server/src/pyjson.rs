@@ -232,7 +232,7 @@ pub(crate) fn float_repr(f: f64) -> String {
 }
 
 /// A JSON string as Python's encoder writes it.
-fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
+pub(crate) fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -29,13 +29,13 @@ fn sampling_params(s: &AppState, r: &CompletionRequest, p: &GenParams, n: u32) -
     let d = &s.cfg.sampling_defaults;
     json!({
         "n": n,
-        "temperature": r.temperature.or(d.temperature).unwrap_or(1.0),
-        "top_p": r.top_p.or(d.top_p).unwrap_or(1.0),
-        "top_k": r.top_k.or(d.top_k).unwrap_or(0),
-        "min_p": r.min_p.or(d.min_p).unwrap_or(0.0),
-        "seed": r.seed,
+        "temperature": r.sampling.temperature.or(d.temperature).unwrap_or(1.0),
+        "top_p": r.sampling.top_p.or(d.top_p).unwrap_or(1.0),
+        "top_k": r.sampling.top_k.or(d.top_k).unwrap_or(0),
+        "min_p": r.sampling.min_p.or(d.min_p).unwrap_or(0.0),
+        "seed": r.sampling.seed,
         "stop": if p.stop.is_empty() { Value::Null } else { json!(p.stop) },
-        "stop_token_ids": r.stop_token_ids,
+        "stop_token_ids": r.sampling.stop_token_ids,
         "max_tokens": p.max_tokens,
         "min_tokens": p.min_tokens,
         "ignore_eos": p.ignore_eos,
@@ -63,9 +63,9 @@ fn generate_request(
         "features": null,
         "sampling_params": sampling_params(s, r, p, n),
         "model": model,
-        "stream": r.stream.unwrap_or(false),
-        "cache_salt": r.cache_salt,
-        "priority": r.priority.unwrap_or(0),
+        "stream": r.sampling.stream.unwrap_or(false),
+        "cache_salt": r.sampling.cache_salt,
+        "priority": r.sampling.priority.unwrap_or(0),
     })
 }
 

@@ -54,7 +54,7 @@ pub(crate) struct ConstraintFields<'a> {
 }
 
 /// Python's `repr` of a JSON value, for messages worded as the Python server's.
-fn py_repr(v: &Value) -> String {
+pub(crate) fn py_repr(v: &Value) -> String {
     match v {
         Value::Null => "None".into(),
         Value::Bool(b) => if *b { "True" } else { "False" }.into(),
@@ -202,7 +202,7 @@ impl<'a> Params<'a> {
 
 /// A JSON constraint's `(kind, text)`: compact JSON (no optional whitespace) through llguidance's
 /// `x-guidance` option, as the Python engine asks for it.
-fn json_text(schema: &Value, compact: bool, any_object: bool) -> (GrammarKind, String) {
+pub(crate) fn json_text(schema: &Value, compact: bool, any_object: bool) -> (GrammarKind, String) {
     if !compact {
         if any_object {
             return (GrammarKind::JsonObject, String::new());

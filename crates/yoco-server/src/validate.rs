@@ -256,7 +256,7 @@ pub(crate) fn gen_params_for(
 ) -> Result<GenParams, ApiError> {
     let limit = s.cfg.max_model_len;
     let d = &s.cfg.sampling_defaults;
-    if let Some(m) = r.max_tokens {
+    if let Some(m) = r.sampling.max_tokens {
         if m < 1 {
             return Err(ApiError::bad(
                 format!("max_tokens must be an integer >= 1 (or omitted for up to the context length), got {m}"),
@@ -265,25 +265,31 @@ pub(crate) fn gen_params_for(
         }
     }
     let room = limit as i64 - prompt.len() as i64;
-    if room < 1 || r.max_tokens.is_some_and(|m| m > room) {
+    if room < 1 || r.sampling.max_tokens.is_some_and(|m| m > room) {
         return Err(context_error(
             limit,
             prompt.len(),
-            r.max_tokens,
+            r.sampling.max_tokens,
             prompt_param,
         ));
     }
-    let max_tokens = r.max_tokens.unwrap_or(room) as u32;
+    let max_tokens = r.sampling.max_tokens.unwrap_or(room) as u32;
     let temperature = finite_in(
         "temperature",
-        r.temperature.or(d.temperature),
+        r.sampling.temperature.or(d.temperature),
         0.0,
         100.0,
         1.0,
     )?;
-    let top_p = finite_in("top_p", r.top_p.or(d.top_p), f64::MIN_POSITIVE, 1.0, 1.0)?;
-    let min_p = finite_in("min_p", r.min_p.or(d.min_p), 0.0, 1.0, 0.0)?;
-    let top_k = match r.top_k.or(d.top_k) {
+    let top_p = finite_in(
+        "top_p",
+        r.sampling.top_p.or(d.top_p),
+        f64::MIN_POSITIVE,
+        1.0,
+        1.0,
+    )?;
+    let min_p = finite_in("min_p", r.sampling.min_p.or(d.min_p), 0.0, 1.0, 0.0)?;
+    let top_k = match r.sampling.top_k.or(d.top_k) {
         None | Some(-1) | Some(0) => 0,
         Some(k) if (1..=i32::MAX as i64).contains(&k) => k as u32,
         Some(k) => {
@@ -293,7 +299,7 @@ pub(crate) fn gen_params_for(
             ))
         }
     };
-    let min_tokens = match r.min_tokens {
+    let min_tokens = match r.sampling.min_tokens {
         None => 0,
         Some(m) if m >= 0 && m <= max_tokens as i64 => m as u32,
         Some(m) => {
@@ -304,7 +310,7 @@ pub(crate) fn gen_params_for(
         }
     };
     // Empty stop strings are dropped, as the Python server does (an empty string matches nothing).
-    let stop: Vec<String> = match &r.stop {
+    let stop: Vec<String> = match &r.sampling.stop {
         None => Vec::new(),
         Some(StopInput::One(x)) => vec![x.clone()],
         Some(StopInput::Many(v)) => v.clone(),
@@ -323,7 +329,7 @@ pub(crate) fn gen_params_for(
         ));
     }
     let v = s.cfg.vocab_size as i64;
-    let stop_token_ids = r.stop_token_ids.clone().unwrap_or_default();
+    let stop_token_ids = r.sampling.stop_token_ids.clone().unwrap_or_default();
     if let Some(bad) = stop_token_ids.iter().find(|&&t| t < 0 || t >= v) {
         return Err(ApiError::bad(
             format!("stop_token_ids holds {bad}, outside the vocabulary [0, {v})"),
@@ -331,15 +337,30 @@ pub(crate) fn gen_params_for(
         ));
     }
     let logprobs = logprobs_field("logprobs", r.logprobs, s.cfg.max_logprobs)?;
-    let mut prompt_logprobs =
-        logprobs_field("prompt_logprobs", r.prompt_logprobs, s.cfg.max_logprobs)?;
+    let mut prompt_logprobs = logprobs_field(
+        "prompt_logprobs",
+        r.sampling.prompt_logprobs,
+        s.cfg.max_logprobs,
+    )?;
     // Echo with logprobs shows the prompt's tokens with theirs (at least `logprobs` alternatives).
     if let (true, Some(k)) = (r.echo.unwrap_or(false), logprobs) {
         prompt_logprobs = Some(prompt_logprobs.map_or(k, |p| p.max(k)));
     }
-    let presence_penalty = finite_in("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?;
-    let frequency_penalty = finite_in("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?;
-    let repetition_penalty = match r.repetition_penalty {
+    let presence_penalty = finite_in(
+        "presence_penalty",
+        r.sampling.presence_penalty,
+        -2.0,
+        2.0,
+        0.0,
+    )?;
+    let frequency_penalty = finite_in(
+        "frequency_penalty",
+        r.sampling.frequency_penalty,
+        -2.0,
+        2.0,
+        0.0,
+    )?;
+    let repetition_penalty = match r.sampling.repetition_penalty {
         None => 1.0,
         // Outside f32's range: clamp rather than round to 0 or inf (a divisor).
         Some(x) if x.is_finite() && x > 0.0 => {
@@ -352,7 +373,7 @@ pub(crate) fn gen_params_for(
             ))
         }
     };
-    let priority = match r.priority {
+    let priority = match r.sampling.priority {
         None => 0,
         Some(0) => 0,
         Some(p) => {
@@ -367,20 +388,20 @@ pub(crate) fn gen_params_for(
         prompt: prompt.to_vec(),
         max_tokens,
         min_tokens,
-        ignore_eos: r.ignore_eos.unwrap_or(false),
+        ignore_eos: r.sampling.ignore_eos.unwrap_or(false),
         stop_token_ids: stop_token_ids.into_iter().map(|t| t as u32).collect(),
         stop,
-        include_stop_str: r.include_stop_str_in_output.unwrap_or(false),
-        skip_special_tokens: r.skip_special_tokens.unwrap_or(true),
+        include_stop_str: r.sampling.include_stop_str_in_output.unwrap_or(false),
+        skip_special_tokens: r.sampling.skip_special_tokens.unwrap_or(true),
         stream,
-        cache_salt: r.cache_salt.clone(),
+        cache_salt: r.sampling.cache_salt.clone(),
         priority,
         sampling: SamplingFields {
             temperature,
             top_p,
             top_k,
             min_p,
-            seed: r.seed.map(|x| x as u64),
+            seed: r.sampling.seed.map(|x| x as u64),
             presence_penalty,
             frequency_penalty,
             repetition_penalty,

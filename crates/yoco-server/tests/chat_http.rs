@@ -261,10 +261,12 @@ fn bad_chat_requests_are_400s_naming_the_field() {
             400,
             "messages",
         ),
+        // Tools without tool_choice mean auto, which needs --enable-auto-tool-choice (the
+        // Python server's 400; tools themselves are served, tests/tools_http.rs).
         (
             json!({"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}),
             400,
-            "tools",
+            "tool_choice",
         ),
         (
             json!({"messages": hi, "tool_choice": "required"}),

@@ -178,8 +178,9 @@ fn bad_chat_sampling_fields_are_400s_naming_them() {
             json!({"guided_choice": ["a"], "guided_regex": "a"}),
             "guided_choice",
         ),
+        // Tools are served now (tests/tools_http.rs): a malformed one is the 400.
         (
-            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            json!({"tools": [{"type": "function", "function": {"description": "no name"}}]}),
             "tools",
         ),
     ];

@@ -8,8 +8,9 @@ flat arrays). What the Rust front end serves today is ``/v1/completions`` (text 
 ``n``, stop strings and ids, streaming with usage, echo, seeds, logprobs and prompt logprobs,
 penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1/chat/completions``
 (chat templates rendered in Rust), the render endpoints, ``/tokenize``, ``/detokenize`` and
-``/version``; requests that need what it does not serve yet (tools) get a 400 naming the
-field (or a 501 for an endpoint). The default ``--frontend python`` serves everything.
+``/version``, tool calling (``tools`` / ``tool_choice``, ``--enable-auto-tool-choice`` with
+``--tool-call-parser``); requests that need what it does not serve yet (images, audio) get a 400 naming the field (or
+a 501 for an endpoint). The default ``--frontend python`` serves everything.
 
 Structured outputs: the Rust loop owns the matchers and computes each step's token bitmasks on the
 grammar pool while the forward runs; ``launch`` receives them as a ``_core.StepMasks`` and applies
@@ -38,9 +39,7 @@ from yoco_rs.runtime import Runtime, build_runtime
 _NO_OUTPUT = np.zeros(0, dtype=np.int64)
 
 # Server flags the Rust front end does not implement yet: refused at start-up rather than ignored.
-UNSUPPORTED_FLAGS = {
-    "enable_auto_tool_choice": "--enable-auto-tool-choice", "tool_call_parser": "--tool-call-parser",
-}
+UNSUPPORTED_FLAGS: dict[str, str] = {}
 
 
 class StepExecutor:
@@ -156,6 +155,7 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
     defaults, and the flags the Python server also takes (CORS, metric names, version)."""
     import yoco_rs
     from yoco_rs.serve.metrics import cache_config_info
+    from yoco_rs.serve.tools import tool_template
 
     tok = rt.tokenizer
     special = [(k, v) for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token),
@@ -170,7 +170,11 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
         chat_template_timeout=float(settings.chat_template_seconds), sampling_defaults=defaults,
         compat_metric_names=bool(settings.compat_metric_names), allowed_origins=list(settings.allowed_origins or []),
         return_tokens_as_token_ids=bool(settings.return_tokens_as_token_ids), version=yoco_rs.__version__,
-        cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill))
+        cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill),
+        # Tools (serve/tools.py): with tools in play a request renders with --chat-template, else the
+        # shipped tool-aware template (never the checkpoint's, as the Python server does).
+        enable_auto_tool_choice=bool(settings.enable_auto_tool_choice), tool_call_parser=settings.tool_call_parser,
+        tool_chat_template=settings.chat_template or tool_template())
 
 
 def _token_str(v) -> Optional[str]:
