@@ -146,6 +146,12 @@ def _write_shard(path: str, tensors: list[tuple[str, tuple[int, ...], str]], dra
                 f.write(memoryview(piece.view(torch.int16).numpy()))
 
 
+def checkpoint_bytes(text: dict = E2B_TEXT) -> int:
+    """Bytes :func:`build` writes for ``text`` (the bf16 tensors; the JSON and tokenizer files add < 1 MB)."""
+    entries = [s for _, s in text_tensors(text)] + list(TOWERS.values())
+    return 2 * sum(int(np.prod(s)) for s in entries)
+
+
 def build(out_dir: str, *, text: dict = E2B_TEXT, seed: int = 0, shards: int = 3) -> str:
     """Writes the checkpoint into ``out_dir`` (created); returns it."""
     from yoco_rs import bundled

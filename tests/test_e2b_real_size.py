@@ -7,20 +7,24 @@ and stays under a peak-RSS bound that only a host-resident table allows.
 Cost: about 1.5 min to write the 8.8 GB checkpoint, then three model loads in fresh processes one after
 the other (transformers ~10 GB, yoco-rs ~10 GB; never both at once). Measured 7.3 min (checkpoint
 prebuilt, 5 tokens) on the shared 2-core box at load average ~10; expect ~3-4 min on an idle CI machine.
-Needs ~11 GiB of available memory (skipped, saying so, below that) and ~9 GB of disk in the pytest temp
-dir. ``YOCO_E2B_CHECKPOINT=DIR`` reuses a checkpoint ``e2b_checkpoint.build`` wrote.
+Needs ~11 GiB of available memory and ~9 GB of free disk in the pytest temp dir (skipped, saying what is
+needed and what is there, below either: checked before anything is written, so that a full disk is
+reported as such rather than as a failed write halfway through a shard). ``YOCO_E2B_CHECKPOINT=DIR``
+reuses a checkpoint ``e2b_checkpoint.build`` wrote (no disk needed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
-from e2b_checkpoint import E2B_TEXT, build
+from e2b_checkpoint import E2B_TEXT, build, checkpoint_bytes
 
 pytestmark = pytest.mark.heavy
 
@@ -35,6 +39,25 @@ def _available_gib() -> float:
     with open("/proc/meminfo") as f:
         info = dict(line.split(":", 1) for line in f)
     return int(info["MemAvailable"].split()[0]) / 2**20
+
+
+#: Free space wanted beyond the checkpoint itself (the JSON files, the test's own small files, slack).
+DISK_SLACK = 256 << 20
+
+
+def require_disk(path: str, need: int) -> None:
+    """Skips the test unless the filesystem of ``path`` has ``need`` bytes free, naming both figures."""
+    free = shutil.disk_usage(path).free
+    if free < need:
+        pytest.skip(f"needs {need / 1e9:.1f} GB of free disk in {path} for the E2B checkpoint, "
+                    f"{free / 1e9:.1f} GB free (YOCO_E2B_CHECKPOINT=DIR reuses a built one)")
+
+
+def test_the_disk_check_skips_naming_the_space_needed_and_free(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: types.SimpleNamespace(total=100e9, used=98e9, free=2e9))
+    with pytest.raises(pytest.skip.Exception, match=r"needs 9\.2 GB of free disk in .* 2\.0 GB free"):
+        require_disk(str(tmp_path), 9_200_000_000)
+    require_disk(str(tmp_path), 1_000_000_000)  # enough: no skip
 
 
 def _run(*args: str) -> dict:
@@ -62,7 +85,9 @@ def checkpoint(tmp_path_factory):
     given = os.environ.get("YOCO_E2B_CHECKPOINT")  # a checkpoint build() wrote earlier (saves ~1.5 min)
     if given:
         return given
-    return build(str(tmp_path_factory.mktemp("e2b")))
+    out = tmp_path_factory.mktemp("e2b")
+    require_disk(str(out), checkpoint_bytes(E2B_TEXT) + DISK_SLACK)
+    return build(str(out))
 
 
 def test_real_size_e2b_gives_transformers_greedy_tokens_in_float32_fast_prefill_on_and_off(checkpoint, tmp_path):
