@@ -1,6 +1,6 @@
 //! `/v1/completions` over a real port: the protocol, the texts and the errors.
 
-mod common;
+use crate::common;
 
 use common::{sse_events, Opts, TestServer};
 use serde_json::{json, Value};

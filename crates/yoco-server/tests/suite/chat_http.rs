@@ -2,7 +2,7 @@
 //! real port against the mock executor: the rendered prompt, the texts, the exact chunk sequence of
 //! a stream, usage, `n`, the errors naming fields, template budgets, metrics, CORS.
 
-mod common;
+use crate::common;
 
 use common::{reference_tokens, sse_events, tokenizer, Opts, TestServer};
 use serde_json::{json, Value};

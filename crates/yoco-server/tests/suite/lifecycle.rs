@@ -1,7 +1,7 @@
 //! Request lifecycles through the step loop: disconnects abort, failed steps fail their requests
 //! and not the engine, memory pressure preempts without changing outputs, nothing leaks.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -4,7 +4,7 @@
 //! grammar rejects ends the sequence as an abort; bad constraints are 400s naming the field; over
 //! the compile budget a 400, too many compiling at once a 503 with `Retry-After: 1`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

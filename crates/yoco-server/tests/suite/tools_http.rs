@@ -4,14 +4,16 @@
 //! that concatenate to the non-streamed calls, the tools in the tool-aware template, and the 400s
 //! naming the field (before this, every request with tools was a 400).
 
-mod common;
+use crate::common;
 
 use common::{sse_events, Opts, TestServer};
 use serde_json::{json, Value};
 use yoco_server::{ToolConfig, ToolParser};
 
-const TOOL_TEMPLATE: &str =
-    include_str!("../../../python/yoco_rs/serve/templates/gemma3n_tools.jinja");
+const TOOL_TEMPLATE: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../python/yoco_rs/serve/templates/gemma3n_tools.jinja"
+));
 
 fn server() -> TestServer {
     TestServer::start(Opts {

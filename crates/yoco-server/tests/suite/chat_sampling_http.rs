@@ -6,7 +6,7 @@
 //! The mock's logprobs are pure functions of the token (`MockModel::sample_logprob`), so a value
 //! routed to another token or choice shows.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

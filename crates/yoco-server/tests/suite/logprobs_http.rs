@@ -6,7 +6,7 @@
 //! the token, `MockModel::prompt_logprob` of the prompt token and its position), so a value routed
 //! to the wrong request, row or position shows.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `--data-parallel-size`: several step loops behind one front end, requests dispatched by prefix
 //! overlap and load; a stopped loop is routed around.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

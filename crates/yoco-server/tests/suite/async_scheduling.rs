@@ -3,7 +3,7 @@
 //! placeholders only in async mode, and stop strings ending a request one step late without
 //! emitting the extra token.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
