@@ -87,6 +87,8 @@ def test_greedy_chat_is_token_identical_to_the_python_server_streamed_and_not(ru
 
     assert text(sa) == text(sb) == rb["choices"][0]["message"]["content"]
     assert sa[0]["choices"] == sb[0]["choices"]  # the role chunk
+    # Chunk for chunk the same choices (the plain deltas are spliced into pre-serialized bytes).
+    assert [c["choices"] for c in sa] == [c["choices"] for c in sb]
     assert sa[-1]["usage"] == sb[-1]["usage"]
     assert [c["choices"][0]["finish_reason"] for c in sa if c["choices"]][-1] == "length"
 

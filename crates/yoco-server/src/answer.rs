@@ -2,19 +2,16 @@
 //! (`data: {chunk}` per event, an error event if a step failed, the usage chunk, `data: [DONE]`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::choice_channels::{await_finished, error_event, sse_response, SseAnswer, Subs};
 use crate::delta_chunk::DeltaChunk;
 use crate::logprobs_json::{echo_and_output, prompt_logprobs_json, CompletionLogprobs, TokenText};
-use crate::openai::{usage, ApiError};
-use crate::output::{Event, Finished, StopReason};
+use crate::openai::{stop_reason, usage, ApiError};
+use crate::output::Event;
 
 pub(crate) struct Ctx {
     pub id: String,
@@ -34,12 +31,11 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    fn stop_reason(f: &Finished) -> Value {
-        match &f.stop_reason {
-            Some(StopReason::Text(t)) => json!(t),
-            Some(StopReason::Token(t)) => json!(t),
-            None => Value::Null,
-        }
+    /// A text delta of choice `idx` (of prompt `prompt`) is its chunk's only content: no logprobs
+    /// were asked and, on the choice's first chunk, no echoed prompt or prompt logprobs ride along.
+    /// (No running usage either: the caller checks that.)
+    fn plain_delta(&self, first: bool, prompt: usize) -> bool {
+        !self.logprobs && (!first || (self.echo[prompt].is_none() && !self.prompt_logprobs))
     }
 
     /// A choice's `logprobs` (null unless asked): the echoed prompt's block first when `head`.
@@ -76,26 +72,16 @@ impl Ctx {
     }
 }
 
-fn receiver_stream(idx: usize, rx: UnboundedReceiver<Event>) -> BoxStream<'static, (usize, Event)> {
-    stream::unfold(rx, move |mut rx| async move {
-        rx.recv().await.map(|e| ((idx, e), rx))
-    })
-    .boxed()
-}
-
 struct StreamState {
     ctx: Ctx,
     /// The plain text delta's chunk, serialized once (None: every chunk takes the general path).
     plain: Option<DeltaChunk>,
-    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
-    pending: VecDeque<Bytes>,
     started: Vec<bool>,
     generated: Vec<u64>,
     cached: Vec<u64>,
     lps: Vec<CompletionLogprobs>,
     include_usage: bool,
     continuous: bool,
-    done: bool,
 }
 
 impl StreamState {
@@ -105,8 +91,10 @@ impl StreamState {
             .sum();
         usage(self.ctx.prompt_lens[prompt], g, self.cached[prompt])
     }
+}
 
-    fn on_event(&mut self, idx: usize, ev: Event) {
+impl SseAnswer for StreamState {
+    fn on_event(&mut self, idx: usize, ev: Event, out: &mut VecDeque<Bytes>) {
         let prompt = idx / self.ctx.n;
         let first = !self.started[idx];
         self.started[idx] = true;
@@ -120,11 +108,9 @@ impl StreamState {
             },
         ) = (&self.plain, &ev)
         {
-            let plain_head =
-                !first || (self.ctx.echo[prompt].is_none() && !self.ctx.prompt_logprobs);
-            if plain_head && !self.ctx.logprobs && !self.continuous {
+            if !self.continuous && self.ctx.plain_delta(first, prompt) {
                 self.generated[idx] += token_id.is_some() as u64;
-                self.pending.push_back(plain.render(idx, text));
+                out.push_back(plain.render(idx, text));
                 return;
             }
         }
@@ -149,17 +135,13 @@ impl StreamState {
                 self.generated[idx] = f.completion_tokens as u64;
                 self.cached[prompt] = self.cached[prompt].max(f.cached_tokens as u64);
                 if let Some(err) = &f.error {
-                    let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, err.clone());
-                    let mut out = b"data: ".to_vec();
-                    serde_json::to_writer(&mut out, &e.body()).expect("JSON");
-                    out.extend_from_slice(b"\n\n");
-                    self.pending.push_back(Bytes::from(out));
+                    out.push_back(error_event(err));
                     return;
                 }
                 (
                     std::mem::take(&mut f.text),
                     json!(f.reason.as_str()),
-                    Ctx::stop_reason(&f),
+                    stop_reason(&f),
                     std::mem::take(&mut f.token_ids),
                     std::mem::take(&mut f.logprobs),
                     f.prompt_logprobs.take(),
@@ -182,103 +164,44 @@ impl StreamState {
             choice["prompt_logprobs"] = prompt_logprobs_json(&mut self.ctx.text, plp.as_ref());
         }
         let u = self.continuous.then(|| self.usage_of(prompt));
-        self.pending
-            .push_back(self.ctx.chunk(Value::Array(vec![choice]), u));
+        out.push_back(self.ctx.chunk(Value::Array(vec![choice]), u));
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         if self.include_usage {
             let p: u64 = self.ctx.prompt_lens.iter().sum();
             let g: u64 = self.generated.iter().sum();
             let c: u64 = self.cached.iter().sum();
-            let b = self.ctx.chunk(json!([]), Some(usage(p, g, c)));
-            self.pending.push_back(b);
+            out.push_back(self.ctx.chunk(json!([]), Some(usage(p, g, c))));
         }
-        self.pending
-            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-        self.done = true;
+        out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
     }
 }
 
 pub(crate) fn stream_response(
     ctx: Ctx,
-    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+    subs: Subs,
     include_usage: bool,
     continuous: bool,
 ) -> Response {
     let total = subs.len();
     let prompts = ctx.prompt_lens.len();
-    let mut merged = SelectAll::new();
-    for (idx, rx) in subs {
-        merged.push(receiver_stream(idx, rx));
-    }
-    let plain = DeltaChunk::new(|choices| ctx.chunk(choices, None));
+    let plain = DeltaChunk::completion(|choices| ctx.chunk(choices, None));
     let st = StreamState {
         ctx,
         plain,
-        merged,
-        pending: VecDeque::new(),
         started: vec![false; total],
         generated: vec![0; total],
         cached: vec![0; prompts],
         lps: (0..total).map(|_| CompletionLogprobs::default()).collect(),
         include_usage,
         continuous: include_usage && continuous,
-        done: false,
     };
-    let body = stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            match st.merged.next().await {
-                Some((idx, ev)) => st.on_event(idx, ev),
-                None => st.finish(),
-            }
-        }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    sse_response(st, subs)
 }
 
-pub(crate) async fn final_response(
-    mut ctx: Ctx,
-    subs: Vec<(usize, UnboundedReceiver<Event>)>,
-) -> Result<Response, ApiError> {
-    let mut fins: Vec<(usize, Finished)> = Vec::with_capacity(subs.len());
-    for (idx, mut rx) in subs {
-        loop {
-            match rx.recv().await {
-                Some(Event::Finished(f)) => {
-                    fins.push((idx, f));
-                    break;
-                }
-                Some(Event::Delta { .. }) => continue,
-                None => {
-                    return Err(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "The engine stopped before the request finished.",
-                    ))
-                }
-            }
-        }
-    }
-    if let Some((_, f)) = fins.iter().find(|(_, f)| f.error.is_some()) {
-        return Err(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            f.error.clone().unwrap_or_default(),
-        ));
-    }
-    fins.sort_by_key(|(i, _)| *i);
+pub(crate) async fn final_response(mut ctx: Ctx, subs: Subs) -> Result<Response, ApiError> {
+    let fins = await_finished(subs).await?;
     let mut cached = vec![0u64; ctx.prompt_lens.len()];
     let mut completion = 0u64;
     let mut choices: Vec<Value> = Vec::with_capacity(fins.len());
@@ -294,7 +217,7 @@ pub(crate) async fn final_response(
         let mut lp = CompletionLogprobs::default();
         let logprobs = ctx.logprobs(&mut lp, p, true, plp, &f.token_ids, &f.logprobs);
         let mut choice = json!({"index": idx, "text": text, "logprobs": logprobs,
-                                "finish_reason": f.reason.as_str(), "stop_reason": Ctx::stop_reason(f)});
+                                "finish_reason": f.reason.as_str(), "stop_reason": stop_reason(f)});
         if ctx.prompt_logprobs {
             choice["prompt_logprobs"] = prompt_logprobs_json(&mut ctx.text, plp);
         }

@@ -13,19 +13,19 @@
 //! that called tools under auto / required finishes with `tool_calls`.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::choice_channels::{
+    await_finished, error_event, sse_event, sse_response, SseAnswer, Subs,
+};
+use crate::delta_chunk::DeltaChunk;
 use crate::logprobs::TokenLogprob;
 use crate::logprobs_json::{chat_logprobs, prompt_logprobs_json, TokenText};
-use crate::openai::{usage, ApiError};
-use crate::output::{Event, Finished, StopReason};
+use crate::openai::{stop_reason, usage, ApiError};
+use crate::output::Event;
 use crate::tool_parse::parse_reply;
 use crate::tool_stream::{merge_deltas, ToolCallStream};
 use crate::tools::{finish_reason as tool_finish, ToolPlan};
@@ -46,22 +46,6 @@ pub(crate) struct ChatCtx {
     pub tools: ToolPlan,
 }
 
-fn stop_reason(f: &Finished) -> Value {
-    match &f.stop_reason {
-        Some(StopReason::Text(t)) => json!(t),
-        Some(StopReason::Token(t)) => json!(t),
-        None => Value::Null,
-    }
-}
-
-fn sse(v: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut out, v).expect("JSON of plain values");
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
 impl ChatCtx {
     /// The chat-form logprobs of `tokens`, or null when the request did not ask.
     fn logprobs(&mut self, tokens: &[u32], lps: &[TokenLogprob]) -> Value {
@@ -77,14 +61,20 @@ impl ChatCtx {
         if let Some(u) = usage {
             v["usage"] = u;
         }
-        sse(&v)
+        sse_event(&v)
+    }
+
+    /// A text delta is its chunk's only content: no logprobs asked, no tools in play (the
+    /// choice's first chunk, the role, goes out before it either way).
+    fn plain_delta(&self) -> bool {
+        self.top_logprobs.is_none() && !self.tools.active()
     }
 }
 
 struct ChatStream {
     ctx: ChatCtx,
-    merged: SelectAll<BoxStream<'static, (usize, Event)>>,
-    pending: VecDeque<Bytes>,
+    /// The plain text delta's chunk, serialized once (None: every chunk takes the general path).
+    plain: Option<DeltaChunk>,
     started: Vec<bool>,
     /// Each choice's streamed tool calls (tools in play).
     calls: Vec<Option<ToolCallStream>>,
@@ -92,7 +82,6 @@ struct ChatStream {
     cached: u64,
     include_usage: bool,
     continuous: bool,
-    done: bool,
 }
 
 impl ChatStream {
@@ -100,13 +89,14 @@ impl ChatStream {
         self.continuous
             .then(|| usage(self.ctx.prompt_len, self.generated, self.cached))
     }
+}
 
-    fn on_event(&mut self, idx: usize, ev: Event) {
+impl SseAnswer for ChatStream {
+    fn on_event(&mut self, idx: usize, ev: Event, out: &mut VecDeque<Bytes>) {
         if let Event::Finished(f) = &ev {
             self.cached = self.cached.max(f.cached_tokens as u64);
             if let Some(err) = &f.error {
-                let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, err.clone());
-                self.pending.push_back(sse(&e.body()));
+                out.push_back(error_event(err));
                 return;
             }
         }
@@ -115,7 +105,16 @@ impl ChatStream {
             let u = self.running_usage();
             let role = json!([{"index": idx, "delta": {"role": "assistant", "content": ""},
                                "logprobs": null, "finish_reason": null}]);
-            self.pending.push_back(self.ctx.chunk(role, u));
+            out.push_back(self.ctx.chunk(role, u));
+        }
+        if let (Some(plain), Event::Delta { token_id, text, .. }) = (&self.plain, &ev) {
+            if !self.continuous && self.ctx.plain_delta() {
+                self.generated += token_id.is_some() as u64;
+                if !text.is_empty() || token_id.is_some() {
+                    out.push_back(plain.render(idx, text));
+                }
+                return;
+            }
         }
         let (text, ids, lps, finish, stop) = match ev {
             Event::Delta {
@@ -179,106 +178,43 @@ impl ChatStream {
         let choice = json!([{"index": idx, "delta": delta, "logprobs": logprobs,
                              "finish_reason": finish, "stop_reason": stop}]);
         let u = self.running_usage();
-        self.pending.push_back(self.ctx.chunk(choice, u));
+        out.push_back(self.ctx.chunk(choice, u));
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
         if self.include_usage {
             let u = usage(self.ctx.prompt_len, self.generated, self.cached);
-            let b = self.ctx.chunk(json!([]), Some(u));
-            self.pending.push_back(b);
+            out.push_back(self.ctx.chunk(json!([]), Some(u)));
         }
-        self.pending
-            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-        self.done = true;
+        out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
     }
-}
-
-fn receiver_stream(idx: usize, rx: UnboundedReceiver<Event>) -> BoxStream<'static, (usize, Event)> {
-    stream::unfold(rx, move |mut rx| async move {
-        rx.recv().await.map(|e| ((idx, e), rx))
-    })
-    .boxed()
 }
 
 /// The SSE answer over the choices' channels (dropping it drops them: the requests abort).
 pub(crate) fn chat_stream(
     ctx: ChatCtx,
-    subs: Vec<(usize, UnboundedReceiver<Event>)>,
+    subs: Subs,
     include_usage: bool,
     continuous: bool,
 ) -> Response {
     let total = subs.len();
-    let mut merged = SelectAll::new();
-    for (idx, rx) in subs {
-        merged.push(receiver_stream(idx, rx));
-    }
+    let plain = DeltaChunk::chat(|choices| ctx.chunk(choices, None));
     let st = ChatStream {
         ctx,
-        merged,
-        pending: VecDeque::new(),
+        plain,
         started: vec![false; total],
         calls: (0..total).map(|_| None).collect(),
         generated: 0,
         cached: 0,
         include_usage,
         continuous: include_usage && continuous,
-        done: false,
     };
-    let body = stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            match st.merged.next().await {
-                Some((idx, ev)) => st.on_event(idx, ev),
-                None => st.finish(),
-            }
-        }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    sse_response(st, subs)
 }
 
 /// The `chat.completion` body once every choice finished.
-pub(crate) async fn chat_final(
-    ctx: ChatCtx,
-    subs: Vec<(usize, UnboundedReceiver<Event>)>,
-) -> Result<Response, ApiError> {
-    let mut fins: Vec<(usize, Finished)> = Vec::with_capacity(subs.len());
-    for (idx, mut rx) in subs {
-        loop {
-            match rx.recv().await {
-                Some(Event::Finished(f)) => {
-                    fins.push((idx, f));
-                    break;
-                }
-                Some(Event::Delta { .. }) => continue,
-                None => {
-                    return Err(ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "The engine stopped before the request finished.",
-                    ))
-                }
-            }
-        }
-    }
-    if let Some((_, f)) = fins.iter().find(|(_, f)| f.error.is_some()) {
-        return Err(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            f.error.clone().unwrap_or_default(),
-        ));
-    }
-    fins.sort_by_key(|(i, _)| *i);
+pub(crate) async fn chat_final(ctx: ChatCtx, subs: Subs) -> Result<Response, ApiError> {
+    let fins = await_finished(subs).await?;
     let mut ctx = ctx;
     let mut completion = 0u64;
     let mut cached = 0u64;

@@ -245,3 +245,12 @@ pub fn usage(prompt: u64, completion: u64, cached: u64) -> Value {
            "total_tokens": prompt + completion,
            "prompt_tokens_details": {"cached_tokens": cached}})
 }
+
+/// A choice's `stop_reason`: the stop string or stop token id that ended it, else null.
+pub(crate) fn stop_reason(f: &crate::output::Finished) -> Value {
+    match &f.stop_reason {
+        Some(crate::output::StopReason::Text(t)) => json!(t),
+        Some(crate::output::StopReason::Token(t)) => json!(t),
+        None => Value::Null,
+    }
+}
