@@ -40,33 +40,42 @@ fn bad(what: &str) -> ExecError {
     ExecError(format!("executor.collect(): {what}"))
 }
 
-fn vec1<T: numpy::Element + Copy>(x: &Bound<'_, PyAny>, what: &str) -> Result<Vec<T>, ExecError> {
+/// A 1-D array's values into `into` (its buffer reused: the loop keeps one `StepOutput`).
+fn fill1<T: numpy::Element + Copy>(
+    x: &Bound<'_, PyAny>,
+    what: &str,
+    into: &mut Vec<T>,
+) -> Result<(), ExecError> {
     let a: PyReadonlyArray1<'_, T> = x.extract().map_err(|_| {
         bad(&format!(
             "{what} must be a 1-D numpy array of the documented dtype"
         ))
     })?;
-    a.as_slice()
-        .map(<[T]>::to_vec)
-        .map_err(|_| bad(&format!("{what} must be contiguous")))
+    let v = a
+        .as_slice()
+        .map_err(|_| bad(&format!("{what} must be contiguous")))?;
+    into.clear();
+    into.extend_from_slice(v);
+    Ok(())
 }
 
-/// `[n, k]` array as (flat values, k).
-fn vec2<T: numpy::Element + Copy>(
+/// A `[n, k]` array's flat values into `into`; returns k.
+fn fill2<T: numpy::Element + Copy>(
     x: &Bound<'_, PyAny>,
     what: &str,
-) -> Result<(Vec<T>, usize), ExecError> {
+    into: &mut Vec<T>,
+) -> Result<usize, ExecError> {
     let a: PyReadonlyArray2<'_, T> = x.extract().map_err(|_| {
         bad(&format!(
             "{what} must be a 2-D numpy array of the documented dtype"
         ))
     })?;
-    let k = a.shape()[1];
     let v = a
         .as_slice()
-        .map(<[T]>::to_vec)
         .map_err(|_| bad(&format!("{what} must be C-contiguous")))?;
-    Ok((v, k))
+    into.clear();
+    into.extend_from_slice(v);
+    Ok(a.shape()[1])
 }
 
 /// `(token_logprobs f32[n], token_ranks i32[n], top_ids i32[n, k], top_logprobs f32[n, k])`.
@@ -83,18 +92,16 @@ fn read_table(
         t.get_item(at + i)
             .map_err(|_| bad(&format!("{what} has too few arrays")))
     };
-    into.token_logprobs = vec1::<f32>(&item(0)?, what)?;
-    into.token_ranks = vec1::<i32>(&item(1)?, what)?;
-    let (ids, k) = vec2::<i32>(&item(2)?, what)?;
-    let (lps, k2) = vec2::<f32>(&item(3)?, what)?;
+    fill1::<f32>(&item(0)?, what, &mut into.token_logprobs)?;
+    fill1::<i32>(&item(1)?, what, &mut into.token_ranks)?;
+    let k = fill2::<i32>(&item(2)?, what, &mut into.top_ids)?;
+    let k2 = fill2::<f32>(&item(3)?, what, &mut into.top_logprobs)?;
     if k != k2 {
         return Err(bad(&format!(
             "{what}: top ids and logprobs differ in width"
         )));
     }
     into.k = k;
-    into.top_ids = ids;
-    into.top_logprobs = lps;
     Ok(())
 }
 
@@ -105,8 +112,7 @@ fn read_table(
 pub(crate) fn read_output(r: &Bound<'_, PyAny>, out: &mut StepOutput) -> Result<(), ExecError> {
     out.clear();
     let Ok(t) = r.cast::<PyTuple>() else {
-        out.sampled = vec1::<i32>(r, "the sampled ids (int32)")?;
-        return Ok(());
+        return fill1::<i32>(r, "the sampled ids (int32)", &mut out.sampled);
     };
     if t.len() != 3 {
         return Err(bad(
@@ -114,14 +120,14 @@ pub(crate) fn read_output(r: &Bound<'_, PyAny>, out: &mut StepOutput) -> Result<
         ));
     }
     let get = |i| t.get_item(i).map_err(|_| bad("unreadable tuple"));
-    out.sampled = vec1::<i32>(&get(0)?, "the sampled ids (int32)")?;
+    fill1::<i32>(&get(0)?, "the sampled ids (int32)", &mut out.sampled)?;
     let slp = get(1)?;
     if !slp.is_none() {
         let s = slp
             .cast::<PyTuple>()
             .map_err(|_| bad("sample_logprobs must be a tuple"))?;
         let rows = s.get_item(0).map_err(|_| bad("sample_logprobs is empty"))?;
-        out.sample_lp_rows = vec1::<i32>(&rows, "sample_logprobs rows (int32)")?;
+        fill1::<i32>(&rows, "sample_logprobs rows (int32)", &mut out.sample_lp_rows)?;
         read_table(&slp, 1, "sample_logprobs", &mut out.sample_logprobs)?;
     }
     let plp = get(2)?;
