@@ -7,9 +7,10 @@ Rust client (``benches/rust/serve_load.rs``):
 - a 256-stream x 256-token burst over a zero-cost executor: TTFT p50 of the burst, streamed tokens/s;
 - 768 requests through 256 streams at a 5 ms forward: step period p99 / p50 from the loop's step trace.
 
-Alternating rounds put both builds under the same machine load; compare the medians.
+Alternating rounds put both builds under the same machine load; compare the medians. ``--chat`` sends
+the same load as streamed chat completions (one user message; the checkpoint's chat template).
 
-    .venv/bin/python benches/serve_ab.py NAME=BINARY NAME=BINARY [ROUNDS] [--client PATH]
+    .venv/bin/python benches/serve_ab.py NAME=BINARY NAME=BINARY [ROUNDS] [--client PATH] [--chat]
 
 ``--client`` defaults to the ``serve_load`` bench binary that ``benches/serve_ceiling.py`` builds.
 """
@@ -54,7 +55,9 @@ def main() -> None:
     ap.add_argument("builds", nargs=2, help="NAME=BINARY")
     ap.add_argument("rounds", nargs="?", type=int, default=3)
     ap.add_argument("--client", default=None)
+    ap.add_argument("--chat", action="store_true", help="streamed chat completions instead of completions")
     a = ap.parse_args()
+    chat = a.chat
     client = a.client or build()[1]
     bins = dict(b.split("=", 1) for b in a.builds)
     res = {k: {"ttft": [], "tps": [], "jitter": []} for k in bins}
@@ -63,17 +66,17 @@ def main() -> None:
         for name, binary in bins.items():
             proc, url = start(binary, 0.0)
             try:
-                load(client, url, 16, 16)  # warm-up
-                x = load(client, url, 256, 256)
+                load(client, url, 16, 16, chat=chat)  # warm-up
+                x = load(client, url, 256, 256, chat=chat)
                 res[name]["ttft"].append(x["ttft_p50_ms"])
                 res[name]["tps"].append(x["tokens_per_s"])
             finally:
                 stop(proc)
             proc, url = start(binary, 5.0)
             try:
-                load(client, url, 16, 8)
+                load(client, url, 16, 8, chat=chat)
                 step_trace(url)  # drop the warm-up's steps
-                load(client, url, 256, 256, requests=768)
+                load(client, url, 256, 256, requests=768, chat=chat)
                 tr = step_trace(url)
                 res[name]["jitter"].append(pct(tr, 0.99) / pct(tr, 0.5))
             finally:

@@ -115,10 +115,12 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def load(client: str, url: str, conc: int, tokens: int, requests: int = 0) -> dict:
+def load(client: str, url: str, conc: int, tokens: int, requests: int = 0, chat: bool = False) -> dict:
     cmd = [client, "--url", url, "--concurrency", str(conc), "--max-tokens", str(tokens)]
     if requests:
         cmd += ["--requests", str(requests)]
+    if chat:
+        cmd += ["--chat"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -1,12 +1,12 @@
 //! A small streaming load client for the serving benchmarks: `C` concurrent `/v1/completions`
-//! streams of `T` tokens each against any OpenAI-compatible server, on one thread (so its CPU share
+//! (or, with `--chat`, `/v1/chat/completions`) streams of `T` tokens each against any OpenAI-compatible server, on one thread (so its CPU share
 //! is easy to read off), printing one JSON line:
 //! `{"streams", "tokens", "wall_s", "tokens_per_s", "ttft_p50_ms", "ttft_p95_ms", "steps",
 //!   "step_mean_ms", "client_cpu_s", "client_cpu_share", "errors"}`.
 //!
 //! ```text
 //! cargo bench -p yoco-server --bench serve_load -- --url http://127.0.0.1:8000 \
-//!     --concurrency 256 --max-tokens 256 [--requests N] [--model NAME]
+//!     --concurrency 256 --max-tokens 256 [--requests N] [--model NAME] [--chat]
 //! ```
 //! `--requests` (default = concurrency) requests are sent, at most `--concurrency` at once. `tokens`
 //! sums the servers' own `usage.completion_tokens`; `steps` is the delta of the server's
@@ -28,6 +28,8 @@ struct Args {
     requests: usize,
     max_tokens: usize,
     model: Option<String>,
+    /// Chat completions instead of completions.
+    chat: bool,
 }
 
 fn args() -> Args {
@@ -37,6 +39,7 @@ fn args() -> Args {
         requests: 0,
         max_tokens: 256,
         model: None,
+        chat: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(f) = it.next() {
@@ -46,6 +49,7 @@ fn args() -> Args {
             "--requests" => a.requests = it.next().unwrap().parse().unwrap(),
             "--max-tokens" => a.max_tokens = it.next().unwrap().parse().unwrap(),
             "--model" => a.model = Some(it.next().unwrap()),
+            "--chat" => a.chat = true,
             _ => {} // cargo bench passes `--bench`
         }
     }
@@ -89,8 +93,20 @@ async fn steps(c: &HttpClient, base: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Whether `data` carries generated text: a completion chunk's `"text":"`, or a chat chunk's
+/// non-empty `"content":"...` (the role chunk's content is empty).
+fn has_text(data: &[u8], chat: bool) -> bool {
+    if !chat {
+        return data.windows(8).any(|w| w == b"\"text\":\"");
+    }
+    const KEY: &[u8] = b"\"content\":\"";
+    data.windows(KEY.len())
+        .enumerate()
+        .any(|(i, w)| w == KEY && data.get(i + KEY.len()).is_some_and(|&b| b != b'"'))
+}
+
 /// One streamed request: (time to first token, completion tokens) or an error.
-async fn one(c: HttpClient, url: String, body: String) -> Result<(Duration, u64), String> {
+async fn one(c: HttpClient, url: String, body: String, chat: bool) -> Result<(Duration, u64), String> {
     let t0 = Instant::now();
     let req = Request::post(url)
         .header("content-type", "application/json")
@@ -109,7 +125,7 @@ async fn one(c: HttpClient, url: String, body: String) -> Result<(Duration, u64)
         let Some(data) = frame.data_ref() else {
             continue;
         };
-        if ttft.is_none() && data.windows(8).any(|w| w == b"\"text\":\"") {
+        if ttft.is_none() && has_text(data, chat) {
             ttft = Some(t0.elapsed());
         }
         buf.extend_from_slice(data);
@@ -148,7 +164,11 @@ fn main() {
             .pool_max_idle_per_host(a.concurrency)
             .build_http();
         let base = a.url.trim_end_matches('/').to_string();
-        let url = format!("{base}/v1/completions");
+        let url = if a.chat {
+            format!("{base}/v1/chat/completions")
+        } else {
+            format!("{base}/v1/completions")
+        };
         let model = a.model.as_ref().map(|m| format!("\"model\":\"{m}\",")).unwrap_or_default();
         let s0 = steps(&c, &base).await;
         let cpu0 = cpu_seconds();
@@ -156,15 +176,20 @@ fn main() {
         let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(a.concurrency));
         let mut tasks = Vec::with_capacity(a.requests);
         for i in 0..a.requests {
+            let input = if a.chat {
+                format!("\"messages\":[{{\"role\":\"user\",\"content\":\"Request {i}: tell me a story about the sea\"}}]")
+            } else {
+                format!("\"prompt\":\"Request {i}: tell me a story about the sea\"")
+            };
             let body = format!(
-                "{{{model}\"prompt\":\"Request {i}: tell me a story about the sea\",\"max_tokens\":{},\
+                "{{{model}{input},\"max_tokens\":{},\
                  \"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}",
                 a.max_tokens
             );
-            let (c, url, sem) = (c.clone(), url.clone(), sem.clone());
+            let (c, url, sem, chat) = (c.clone(), url.clone(), sem.clone(), a.chat);
             tasks.push(tokio::spawn(async move {
                 let _p = sem.acquire_owned().await.unwrap();
-                one(c, url, body).await
+                one(c, url, body, chat).await
             }));
         }
         let mut ttfts = Vec::new();
