@@ -77,7 +77,12 @@ impl<T> Drop for Huge<T> {
     fn drop(&mut self) {
         let bytes = (self.len * std::mem::size_of::<T>()).next_multiple_of(HUGE);
         // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr as *mut u8, Alloc::from_size_align(bytes, HUGE).unwrap()) }
+        unsafe {
+            dealloc(
+                self.ptr as *mut u8,
+                Alloc::from_size_align(bytes, HUGE).unwrap(),
+            )
+        }
     }
 }
 
@@ -163,9 +168,11 @@ fn run<T: Copy + Default>(name: &str, lin: Linear<T>, conv: fn(f32) -> T, rows: 
         if panels { "panels" } else { "K-major" }
     );
     // ONLY=0,2: just those shapes (by index; the step total then covers only them)
-    let only: Option<Vec<usize>> = std::env::var("ONLY")
-        .ok()
-        .map(|v| v.split(',').map(|i| i.parse().expect("shape indices")).collect());
+    let only: Option<Vec<usize>> = std::env::var("ONLY").ok().map(|v| {
+        v.split(',')
+            .map(|i| i.parse().expect("shape indices"))
+            .collect()
+    });
     let mut step = vec![0.0f64; rows.len()];
     for (i, &(n, k, count)) in SHAPES.iter().enumerate() {
         if only.as_ref().is_some_and(|o| !o.contains(&i)) {

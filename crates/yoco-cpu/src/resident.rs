@@ -110,7 +110,11 @@ unsafe fn rows<T: Elem>(
     while j0 < hi {
         let cols = chunk.min(hi - j0);
         // panels are whole vectors wide (padded at N's edge): compute them, write the real columns
-        let width_all = if job.panels { cols.next_multiple_of(8) } else { cols };
+        let width_all = if job.panels {
+            cols.next_multiple_of(8)
+        } else {
+            cols
+        };
         if k == 0 {
             acc[..m * chunk].fill(0.0);
         }

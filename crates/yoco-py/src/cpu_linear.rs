@@ -83,7 +83,12 @@ fn panel_layout<T: Element>(
             PANEL * k
         )));
     }
-    Ok((n, k, Layout::Panels { ld: stride }, span(rows, cols, stride)))
+    Ok((
+        n,
+        k,
+        Layout::Panels { ld: stride },
+        span(rows, cols, stride),
+    ))
 }
 
 fn span(rows: usize, cols: usize, ld: usize) -> usize {
