@@ -3,8 +3,8 @@
 Per shape (``SHAPES``: the decoder's projections and a slice of the LM head), per dtype and row count,
 the best of ``--reps`` calls in process CPU time (1 torch thread: what ``benches/e2b_cpu.py`` runs) of
 
-* ``yoco_cpu``: ``RowInvariantLinear`` on a K-major weight (how the executor stores CPU weights), i.e.
-  the kernel of ``crates/yoco-cpu``, row-invariant;
+* ``yoco_cpu``: ``RowInvariantLinear`` on a weight from ``cpu_weight`` (in panels: how the executor stores
+  CPU weights), i.e. the kernel of ``crates/yoco-cpu``, row-invariant;
 * ``torch``: ``F.linear`` (MKL) on a row-major weight (not row-invariant below 4 rows; bf16: torch's own
   bf16 GEMM), the reference speed;
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import time
 
 import torch
 import torch.nn.functional as F
+from e2b_roofline import best
 
 HEAD_ROWS = 262400
 HEAD_SLICE = 65600
@@ -39,16 +39,6 @@ SHAPES = [
     ("per-layer proj (2048 x 256)", 2048, 256, 30),
     (f"LM head slice ({HEAD_SLICE} x 2048)", HEAD_SLICE, 2048, HEAD_SLICES),
 ]
-
-
-def best(f, n: int) -> float:
-    f()
-    out = float("inf")
-    for _ in range(n):
-        t = time.process_time()
-        f()
-        out = min(out, time.process_time() - t)
-    return out
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from yoco_rs.executor.cpu_linear import weight_shape
 from yoco_rs.executor.executor import Executor
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs
 from yoco_rs.models.gemma3n.model import Gemma3nModel
@@ -40,7 +41,7 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
         elif "correct_output_scale" in name:
             p.copy_(0.5 * torch.randn(p.shape, generator=g, device=dev))
         else:
-            std = p.shape[-1] ** -0.5 if p.dim() > 1 else 0.5
+            std = weight_shape(p)[-1] ** -0.5 if p.dim() > 1 else 0.5  # fan-in (CPU panels: not shape[-1])
             p.copy_(torch.randn(p.shape, generator=g, device=dev) * std)
     return model
 

@@ -14,7 +14,8 @@ from model_harness import CoreWithoutKernel
 
 from yoco_rs import _core
 from yoco_rs.executor.cpu_linear import (
-    MKL_ROWS, SMALL_N, TINY, RowInvariantLinear, copy_weight, cpu_weight, is_k_major, kernel_linear,
+    MKL_ROWS, PANEL, SMALL_N, TINY, RowInvariantLinear, copy_weight, cpu_weight, embedding, is_k_major, is_panels,
+    kernel_linear, weight_rows, weight_shape,
 )
 from yoco_rs.models.gemma3n.fused import FusedParams
 
@@ -45,7 +46,8 @@ def _skip_unless_the_kernel_reproduces_mkl(n: int, k: int) -> None:
 
 
 def _weight(n: int, k: int, seed: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row-major, K-major) copies of one random ``[n, k]`` weight."""
+    """(row-major, CPU layout) copies of one random ``[n, k]`` weight: the CPU layout is panels where the
+    kernel runs and ``n`` is a multiple of ``PANEL`` (most of ``SHAPES``), K-major otherwise."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
     wk = cpu_weight(n, k, dtype)
     copy_weight(wk, w)
@@ -162,6 +164,62 @@ def test_k_major_weights_load_exactly_and_fuse_k_major():
 
 
 @needs_kernel
+def test_panel_weights_load_exactly_fuse_in_panels_and_serve_as_the_tied_embedding():
+    """The executor's CPU layout for E2B's projections: ``[N / 16, K, 16]``, loaded from a checkpoint's
+    ``[N, K]`` (dtype converted, in ``COPY_COLUMNS`` slices), fused q/k/v-style into one tensor in panels
+    whose slices are the parts, and read as an embedding table by rows."""
+    g = torch.Generator().manual_seed(12)
+    src = torch.randn(1056, 96, generator=g).to(torch.bfloat16)  # 66 panels: more than one copy slice
+    p = cpu_weight(1056, 96, torch.float32)
+    assert is_panels(p) and p.shape == (66, 96, PANEL) and weight_shape(p) == (1056, 96)
+    copy_weight(p, src)
+    assert torch.equal(weight_rows(p), src.float())
+    assert torch.equal(p[3, 5], src[48:64, 5].float())  # panel 3, k = 5: outputs 48..63 side by side
+    with pytest.raises(ValueError, match="into a"):
+        copy_weight(p, src[:1040])
+    q = cpu_weight(2048, 96, torch.float32)
+    copy_weight(q, torch.randn(2048, 96, generator=g))
+    fused = FusedParams([torch.nn.Parameter(p, requires_grad=False), torch.nn.Parameter(q, requires_grad=False)])
+    both = fused.get()
+    assert is_panels(both) and torch.equal(weight_rows(both), torch.cat([src.float(), weight_rows(q)]))
+    x = torch.randn(3, 96, generator=g)
+    with torch.inference_mode():
+        lin = RowInvariantLinear()
+        assert torch.equal(lin(x, both), torch.cat([lin(x, p), lin(x, q)], dim=1))  # slices are the parts
+    small = cpu_weight(64, 96, torch.float32)  # tiny: K-major, so q/k/v-style parts of mixed layouts
+    copy_weight(small, torch.randn(64, 96, generator=g))
+    mixed = FusedParams([torch.nn.Parameter(p, requires_grad=False), torch.nn.Parameter(small, requires_grad=False)])
+    one = mixed.get()  # one layout: K-major, the parts re-pointed to its slices
+    assert is_k_major(one) and torch.equal(one, torch.cat([src.float(), small]))
+    with torch.inference_mode():
+        assert torch.equal(lin(x, one)[:, :1056], lin(x, both)[:, :1056])  # the same bits from either layout
+    ids = torch.tensor([[0, 15, 16], [1055, 17, 0]])
+    assert torch.equal(embedding(ids, both), F.embedding(ids, torch.cat([src.float(), weight_rows(q)])))
+    assert not is_panels(cpu_weight(1000, 96, torch.float32))  # not a multiple of PANEL: K-major
+    assert not is_panels(cpu_weight(TINY // 64, 64, torch.float32))  # tiny: K-major
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_panel_weights_give_the_bits_of_k_major_and_row_major_at_every_row_count(dtype):
+    """The same kernel order from all three layouts, alone or among 2..40 rows, from a strided ``x`` (an
+    AltUp stream), on 1 or 2 threads, with a block size that is no one's default."""
+    w = torch.randn(1040, 512, generator=torch.Generator().manual_seed(13)).to(dtype)
+    wp = cpu_weight(1040, 512, dtype)
+    copy_weight(wp, w)
+    wk = torch.empty(512, 1040 + 16, dtype=dtype)[:, :1040].t()
+    wk.copy_(w)
+    assert is_panels(wp) and is_k_major(wk)
+    h = torch.randn(40, 2, 512, generator=torch.Generator().manual_seed(14)).to(dtype)
+    x = h[:, 1]
+    alone = torch.cat([kernel_linear(x[i:i + 1], w, 100, 1) for i in range(40)])
+    for m in [1, 2, 3, 4, 7, 8, 13, 40]:
+        for threads in [1, 2]:
+            assert torch.equal(kernel_linear(x[:m], wp, 100, threads), alone[:m]), (m, threads)
+            assert torch.equal(kernel_linear(x[:m], wk, 100, threads), alone[:m]), (m, threads)
+
+
+@needs_kernel
 def test_strided_rows_of_x_and_a_fused_weights_columns():
     """``x`` may be a strided view (an AltUp stream), ``w`` a slice of a fused K-major weight."""
     w, wk = _weight(300, 256, seed=8)
@@ -187,6 +245,9 @@ def test_the_kernel_refuses_operands_that_do_not_line_up():
         _core.linear_f32(np.zeros((2, 16), np.float32)[:, ::2], w, np.zeros((2, 3), np.float32), 192, 1)
     with pytest.raises(TypeError):
         _core.linear_f32(x.astype(np.float64), w, np.zeros((2, 3), np.float32), 192, 1)
+    with pytest.raises(ValueError, match="w \\(panels\\)"):  # 3 outputs are one panel of 16 x 8, not two
+        _core.linear_f32(x, np.zeros((2, 128), np.float32), np.zeros((2, 3), np.float32), 192, 1, panels=True)
     y = np.full((2, 3), np.nan, np.float32)
     _core.linear_f32(x, w, y, 192, 1)
     assert (y == 0).all()
+    _core.linear_f32(x, np.zeros((1, 128), np.float32), y, 192, 1, panels=True)

@@ -25,6 +25,8 @@ pub(crate) struct Job {
     pub k: usize,
     pub w: WPtr,
     pub k_major: bool,
+    /// `w` in panels of 16 columns: `w[j][k]` at `(j / 16) * ldw + k * 16 + j % 16`
+    pub panels: bool,
     pub ldw: usize,
     pub y: YPtr,
     pub ldy: usize,
@@ -36,6 +38,18 @@ pub(crate) struct SendJob<'a>(pub &'a Job);
 unsafe impl Send for SendJob<'_> {}
 
 impl Job {
+    /// Where `w[j][k]` lies (`j` a multiple of 8 in panels).
+    #[inline]
+    pub unsafe fn at<T>(&self, w: *const T, j: usize, k: usize) -> *const T {
+        if self.panels {
+            w.add((j / 16) * self.ldw + k * 16 + j % 16)
+        } else if self.k_major {
+            w.add(k * self.ldw + j)
+        } else {
+            w.add(j * self.ldw + k)
+        }
+    }
+
     /// Writes `vals` (f32) into row `i` of `y` from column `j0`.
     ///
     /// # Safety

@@ -22,9 +22,9 @@
 //! widened values, rounded.
 //!
 //! Two AVX2 + FMA kernels ([`available`]) compute that order; which one runs changes no bit:
-//! * `stream` (K-major weights, i.e. `w` stored as `[K, N]`, how the executor keeps CPU weights): reads
-//!   `w` front to back like a GEMV, once per 16 rows (a vector is one `k` of 8 outputs; the chains of
-//!   neighbouring vectors are independent, which hides the FMA latency a sequential order imposes);
+//! * `resident` (weights in [`Layout::Panels`], how the executor stores CPU weights, or K-major): register
+//!   tiles of a few rows x 16-64 columns whose chains stay in registers over a whole `kc` block, each
+//!   panel read front to back as one sequential stream (once per 96 rows);
 //! * `tile` (row-major weights): packs the columns of a tile into an f32 panel by 8 x 8 transposes and
 //!   runs an `MR x NR` register tile over it.
 //!
@@ -38,7 +38,7 @@ mod job;
 mod pack;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
-mod stream;
+mod resident;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 
@@ -82,7 +82,13 @@ pub enum Layout {
     RowMajor { ld: usize },
     /// `w[j][k]` at `data[k * ld + j]` (the `[N, K]` view of a contiguous `[K, N]`).
     KMajor { ld: usize },
+    /// Panels of [`PANEL`] outputs: `w[j][k]` at `data[(j / PANEL) * ld + k * PANEL + j % PANEL]`
+    /// (`ld >= PANEL * k`; the last panel padded to `PANEL` columns): one sequential stream per panel.
+    Panels { ld: usize },
 }
+
+/// Output columns per panel of [`Layout::Panels`].
+pub const PANEL: usize = 16;
 
 /// The weights: `n x k`, laid out as `layout` says.
 #[derive(Clone, Copy)]
@@ -161,14 +167,23 @@ fn check<A, W, Y>(x: &Mat<A>, w: &Weights<W>, y: &MatMut<Y>, kc: usize) -> Resul
     match w.layout {
         Layout::RowMajor { ld } => check_span("w (row-major)", w.data.len(), w.n, w.k, ld)?,
         Layout::KMajor { ld } => check_span("w (K-major)", w.data.len(), w.k, w.n, ld)?,
+        Layout::Panels { ld } => check_span(
+            "w (panels)",
+            w.data.len(),
+            w.n.div_ceil(PANEL),
+            PANEL * w.k,
+            ld,
+        )?,
     }
     check_span("y", y.data.len(), y.rows, y.cols, y.ld)
 }
 
-fn ld_of(layout: Layout) -> (bool, usize) {
+/// (K-major, panels, stride) of a layout.
+fn ld_of(layout: Layout) -> (bool, bool, usize) {
     match layout {
-        Layout::RowMajor { ld } => (false, ld),
-        Layout::KMajor { ld } => (true, ld),
+        Layout::RowMajor { ld } => (false, false, ld),
+        Layout::KMajor { ld } => (true, false, ld),
+        Layout::Panels { ld } => (false, true, ld),
     }
 }
 
@@ -185,7 +200,7 @@ pub fn linear_f32(
     if !available() {
         return Err(LinearError::Unavailable);
     }
-    let (k_major, ldw) = ld_of(w.layout);
+    let (k_major, panels, ldw) = ld_of(w.layout);
     let job = Job {
         x: x.data.as_ptr(),
         ldx: x.ld,
@@ -194,6 +209,7 @@ pub fn linear_f32(
         k: w.k,
         w: WPtr::F32(w.data.as_ptr()),
         k_major,
+        panels,
         ldw,
         y: YPtr::F32(y.data.as_mut_ptr()),
         ldy: y.ld,
@@ -225,7 +241,7 @@ pub fn linear_bf16(
             *d = reference::bf16_to_f32(*s);
         }
     }
-    let (k_major, ldw) = ld_of(w.layout);
+    let (k_major, panels, ldw) = ld_of(w.layout);
     let job = Job {
         x: xf.as_ptr(),
         ldx: k,
@@ -234,6 +250,7 @@ pub fn linear_bf16(
         k,
         w: WPtr::Bf16(w.data.as_ptr()),
         k_major,
+        panels,
         ldw,
         y: YPtr::Bf16(y.data.as_mut_ptr()),
         ldy: y.ld,
@@ -247,11 +264,11 @@ pub fn linear_bf16(
 /// Which kernel a job takes, and the column granularity its threads split at.
 #[cfg(target_arch = "x86_64")]
 fn plan(job: &Job) -> (bool, usize) {
-    let streaming = job.k_major;
+    let resident_kernel = job.k_major || job.panels;
     (
-        streaming,
-        if streaming {
-            8
+        resident_kernel,
+        if resident_kernel {
+            64
         } else {
             8 * tile::tile(job.m).1
         },
@@ -260,10 +277,10 @@ fn plan(job: &Job) -> (bool, usize) {
 
 /// Columns `lo..hi` of `job` on this thread.
 #[cfg(target_arch = "x86_64")]
-unsafe fn columns(job: &Job, streaming: bool, lo: usize, hi: usize) {
-    match (streaming, job.w) {
-        (true, WPtr::F32(w)) => stream::columns(job, w, lo, hi),
-        (true, WPtr::Bf16(w)) => stream::columns(job, w, lo, hi),
+unsafe fn columns(job: &Job, resident_kernel: bool, lo: usize, hi: usize) {
+    match (resident_kernel, job.w) {
+        (true, WPtr::F32(w)) => resident::columns(job, w, lo, hi),
+        (true, WPtr::Bf16(w)) => resident::columns(job, w, lo, hi),
         (false, WPtr::F32(w)) => tile::columns(job, w, lo, hi),
         (false, WPtr::Bf16(w)) => tile::columns(job, w, lo, hi),
     }
@@ -281,11 +298,11 @@ unsafe fn run(job: &Job, threads: usize) {
     if job.m == 0 || n == 0 {
         return;
     }
-    let (streaming, unit) = plan(job);
+    let (resident_kernel, unit) = plan(job);
     let units = n.div_ceil(unit);
     let parts = threads.clamp(1, units.max(1));
     if parts == 1 {
-        columns(job, streaming, 0, n);
+        columns(job, resident_kernel, 0, n);
         return;
     }
     let per = units.div_ceil(parts) * unit;
@@ -298,11 +315,11 @@ unsafe fn run(job: &Job, threads: usize) {
                 handles.push(s.spawn(move || {
                     let job = job;
                     // SAFETY: disjoint column ranges of y; the inputs are only read.
-                    unsafe { columns(job.0, streaming, lo, hi) }
+                    unsafe { columns(job.0, resident_kernel, lo, hi) }
                 }));
             }
         }
-        columns(job, streaming, 0, per.min(n));
+        columns(job, resident_kernel, 0, per.min(n));
         for h in handles {
             h.join().expect("a CPU linear worker panicked");
         }

@@ -3,7 +3,9 @@
 //! outputs do not depend on the other rows, the row count, the kernel or the thread count.
 
 use rand::{Rng, SeedableRng};
-use yoco_cpu::{available, linear_bf16, linear_f32, reference, Layout, Mat, MatMut, Weights};
+use yoco_cpu::{
+    available, linear_bf16, linear_f32, reference, Layout, Mat, MatMut, Weights, PANEL,
+};
 
 fn randn(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
@@ -16,10 +18,24 @@ fn k_major<T: Copy>(w: &[T], n: usize, k: usize) -> Vec<T> {
         .collect()
 }
 
-fn layouts<T: Copy>(w: &[T], n: usize, k: usize) -> [(Vec<T>, Layout); 2] {
+/// `w` (row-major, contiguous) in panels of `PANEL` columns, `ld` apart, the last one padded with `pad`.
+fn panels<T: Copy>(w: &[T], n: usize, k: usize, ld: usize, pad: T) -> Vec<T> {
+    let mut out = vec![pad; n.div_ceil(PANEL) * ld];
+    for j in 0..n {
+        for kk in 0..k {
+            out[(j / PANEL) * ld + kk * PANEL + j % PANEL] = w[j * k + kk];
+        }
+    }
+    out
+}
+
+fn layouts<T: Copy + Default>(w: &[T], n: usize, k: usize) -> [(Vec<T>, Layout); 3] {
+    // panels a little further apart than they need be (any stride >= PANEL * k is valid)
+    let ld = PANEL * k + 8;
     [
         (w.to_vec(), Layout::RowMajor { ld: k }),
         (k_major(w, n, k), Layout::KMajor { ld: n }),
+        (panels(w, n, k, ld, T::default()), Layout::Panels { ld }),
     ]
 }
 
@@ -192,31 +208,12 @@ fn a_rows_outputs_do_not_depend_on_the_other_rows_the_kernel_or_the_thread_count
     let w = randn(&mut rng, n * k);
     let x = randn(&mut rng, 40 * k);
     let all = run_f32(&x, &w, Layout::RowMajor { ld: k }, 40, n, k, 192, 1);
-    let wt = k_major(&w, n, k);
-    for m in [1, 2, 3, 4, 5, 8, 17, 40] {
-        for threads in [1, 2] {
-            let part = run_f32(
-                &x[..m * k],
-                &w,
-                Layout::RowMajor { ld: k },
-                m,
-                n,
-                k,
-                192,
-                threads,
-            );
-            assert_eq!(part, all[..m * n], "row-major m={m} threads={threads}");
-            let part = run_f32(
-                &x[..m * k],
-                &wt,
-                Layout::KMajor { ld: n },
-                m,
-                n,
-                k,
-                192,
-                threads,
-            );
-            assert_eq!(part, all[..m * n], "K-major m={m} threads={threads}");
+    for (data, layout) in layouts(&w, n, k) {
+        for m in [1, 2, 3, 4, 5, 8, 17, 40] {
+            for threads in [1, 2] {
+                let part = run_f32(&x[..m * k], &data, layout, m, n, k, 192, threads);
+                assert_eq!(part, all[..m * n], "{layout:?} m={m} threads={threads}");
+            }
         }
     }
 }
@@ -248,9 +245,12 @@ fn strided_rows_and_columns_of_wider_buffers() {
                     .collect::<Vec<_>>()
             })
             .collect();
+        // panels 5 elements further apart than they need be, the last one's 12 pad columns 9.0 too
+        let wp = panels(&w, n, k, PANEL * k + 5, 9.0);
         for (data, layout) in [
             (wr, Layout::RowMajor { ld: k + 1 }),
             (wk, Layout::KMajor { ld: n + 3 }),
+            (wp, Layout::Panels { ld: PANEL * k + 5 }),
         ] {
             let mut y = vec![-7.0f32; (m - 1) * ldy + n + 5];
             linear_f32(
@@ -329,6 +329,7 @@ fn shapes_that_do_not_line_up_are_errors_not_reads_out_of_bounds() {
     assert!(call(2, 5, 3, Layout::RowMajor { ld: 5 }, 3, 192).is_err()); // w needs 15
     assert!(call(2, 5, 3, Layout::KMajor { ld: 3 }, 3, 192).is_err()); // w needs 15 as well
     assert!(call(2, 5, 2, Layout::KMajor { ld: 1 }, 2, 192).is_err()); // stride below N
+    assert!(call(2, 5, 3, Layout::Panels { ld: 80 }, 3, 192).is_err()); // a 16 x 5 panel needs 80
     assert!(call(2, 5, 2, Layout::RowMajor { ld: 5 }, 3, 192).is_err()); // y is 2 x 3, w has 2 outputs
     assert!(call(2, 5, 2, Layout::RowMajor { ld: 5 }, 2, 0).is_err()); // kc 0
     if available() {

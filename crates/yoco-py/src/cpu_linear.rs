@@ -7,7 +7,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use yoco_cpu::{Layout, LinearError, Mat, MatMut, Weights};
+use yoco_cpu::{Layout, LinearError, Mat, MatMut, Weights, PANEL};
 
 fn to_py(e: LinearError) -> PyErr {
     match e {
@@ -68,6 +68,29 @@ fn weight_layout<T: Element>(
     }
 }
 
+/// `(layout, elements spanned)` of a weight given as its panels, one per row of a `[ceil(N / PANEL),
+/// PANEL * K]` array (`n` and `k` from `y` and `x`).
+fn panel_layout<T: Element>(
+    a: &Bound<'_, PyArray2<T>>,
+    n: usize,
+    k: usize,
+) -> PyResult<(usize, usize, Layout, usize)> {
+    let (rows, cols, stride) = layout("w (panels)", a)?;
+    if rows != n.div_ceil(PANEL) || cols != PANEL * k {
+        return Err(PyValueError::new_err(format!(
+            "w (panels): {rows} x {cols}, expected {} x {} for {n} outputs and {k} inputs",
+            n.div_ceil(PANEL),
+            PANEL * k
+        )));
+    }
+    Ok((
+        n,
+        k,
+        Layout::Panels { ld: stride },
+        span(rows, cols, stride),
+    ))
+}
+
 fn span(rows: usize, cols: usize, ld: usize) -> usize {
     if rows == 0 || cols == 0 {
         0
@@ -81,11 +104,16 @@ fn call<T: Element + Send + Sync>(
     x: PyReadonlyArray2<'_, T>,
     w: PyReadonlyArray2<'_, T>,
     y: PyReadwriteArray2<'_, T>,
+    panels: bool,
     f: impl FnOnce(Mat<T>, Weights<T>, MatMut<T>) -> Result<(), LinearError> + Send,
 ) -> PyResult<()> {
     let (xr, xc, xl) = layout("x", &x)?;
-    let (wn, wk, wl, wspan) = weight_layout(&w)?;
     let (yr, yc, yl) = layout("y", &y)?;
+    let (wn, wk, wl, wspan) = if panels {
+        panel_layout(&w, yc, xc)?
+    } else {
+        weight_layout(&w)?
+    };
     // SAFETY: each span lies inside its array's memory (rows contiguous, strides checked above); the
     // readonly/readwrite borrows keep other Rust code off them while the GIL is released.
     let (xs, ws, ys) = unsafe {
@@ -120,9 +148,11 @@ fn call<T: Element + Send + Sync>(
     .map_err(to_py)
 }
 
-/// `y[M, N] = x[M, K] · w[N, K]ᵀ` in f32, blocks of `kc` terms, on `threads` threads; `w` row-major or
-/// K-major (the `[N, K]` view of a `[K, N]` array, the fast layout for few rows).
+/// `y[M, N] = x[M, K] · w[N, K]ᵀ` in f32, blocks of `kc` terms, on `threads` threads; `w` row-major,
+/// K-major (the `[N, K]` view of a `[K, N]` array), or with `panels` its panels of 16 outputs, one per row
+/// of a `[ceil(N / 16), 16 K]` array (the executor's CPU layout: one sequential stream per panel).
 #[pyfunction]
+#[pyo3(signature = (x, w, y, kc, threads, panels = false))]
 pub fn linear_f32(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, f32>,
@@ -130,14 +160,16 @@ pub fn linear_f32(
     y: PyReadwriteArray2<'_, f32>,
     kc: usize,
     threads: usize,
+    panels: bool,
 ) -> PyResult<()> {
-    call(py, x, w, y, |x, w, y| {
+    call(py, x, w, y, panels, |x, w, y| {
         yoco_cpu::linear_f32(x, w, y, kc, threads)
     })
 }
 
 /// The same for bf16 operands given as their raw bits (`uint16` views).
 #[pyfunction]
+#[pyo3(signature = (x, w, y, kc, threads, panels = false))]
 pub fn linear_bf16(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, u16>,
@@ -145,8 +177,9 @@ pub fn linear_bf16(
     y: PyReadwriteArray2<'_, u16>,
     kc: usize,
     threads: usize,
+    panels: bool,
 ) -> PyResult<()> {
-    call(py, x, w, y, |x, w, y| {
+    call(py, x, w, y, panels, |x, w, y| {
         yoco_cpu::linear_bf16(x, w, y, kc, threads)
     })
 }

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import nn
 
-from yoco_rs.executor.cpu_linear import copy_weight
+from yoco_rs.executor.cpu_linear import copy_weight, weight_shape
 from yoco_rs.models.gemma3n.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -136,14 +136,14 @@ def load_weights(model: nn.Module, mc: ModelConfig, tensors: Iterable[tuple[str,
                 unexpected.append(key)
                 continue
             t = load()
-            if tuple(t.shape) != tuple(p.shape):
+            if tuple(t.shape) != weight_shape(p):  # (a CPU weight in panels stands for [out, in])
                 raise CheckpointError(
                     f"{path}: tensor {key!r} has shape {list(t.shape)}, but config.json "
-                    f"({mc.architecture}) implies {list(p.shape)} for {name!r}")
+                    f"({mc.architecture}) implies {list(weight_shape(p))} for {name!r}")
             if not (t.is_floating_point() or t.dtype == p.dtype):
                 raise CheckpointError(f"{path}: tensor {key!r} has dtype {t.dtype}; expected a floating type")
             with torch.no_grad():
-                copy_weight(p, t)  # K-major CPU projections: a fast transposing copy
+                copy_weight(p, t)  # CPU projections in panels / K-major: a fast transposing copy
             loaded.add(name)
     finally:
         if bar is not None:

@@ -33,8 +33,9 @@ def _on_cpu(device: torch.device | str | None) -> bool:
 
 
 def projection_weight(out_features: int, in_features: int, *, dtype, device) -> nn.Parameter:
-    """A projection's ``[out, in]`` weight; on the CPU stored K-major (``executor/cpu_linear.py``: what
-    the row-invariant kernel reads like a GEMV; the values, names and shapes are the checkpoint's)."""
+    """A projection's ``[out, in]`` weight; on the CPU stored in panels or K-major (``executor/cpu_linear.py``:
+    what the row-invariant kernel streams; the values and names are the checkpoint's, the tensor shape of
+    panels is not: ``cpu_linear.weight_shape`` gives the ``[out, in]``)."""
     if not _on_cpu(device):
         return _empty(out_features, in_features, dtype=dtype, device=device)
     from yoco_rs.executor.cpu_linear import cpu_weight
@@ -42,11 +43,20 @@ def projection_weight(out_features: int, in_features: int, *, dtype, device) -> 
     return nn.Parameter(cpu_weight(out_features, in_features, dtype), requires_grad=False)
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear``, also for a CPU weight in panels (which only the CPU kernel reads)."""
+    if w.dim() == 3:
+        from yoco_rs.executor.cpu_linear import panel_linear
+
+        return panel_linear(x, w)
+    return F.linear(x, w)
+
+
 class Projecting:
-    """What the model's modules call for every projection: ``lin(x, weight)``, ``F.linear`` until the
+    """What the model's modules call for every projection: ``lin(x, weight)``, :func:`linear` until the
     executor installs its CPU linear (:meth:`Gemma3nModel.use_linear`)."""
 
-    lin = staticmethod(F.linear)
+    lin = staticmethod(linear)
 
 
 class Linear(nn.Module, Projecting):

@@ -46,6 +46,10 @@ class Embedding(nn.Module):
         self.register_buffer("embed_scale", torch.tensor(scale, device=device).to(dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight.dim() == 3:  # a CPU table in panels (the tied head's layout, executor/cpu_linear.py)
+            from yoco_rs.executor.cpu_linear import embedding
+
+            return embedding(ids, self.weight) * self.embed_scale
         return F.embedding(ids, self.weight) * self.embed_scale
 
 
