@@ -24,8 +24,9 @@ use crate::metrics;
 use crate::openai::ApiError;
 pub use crate::structured::StructuredConfig;
 use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
+use crate::media::MediaConfig;
 use crate::tools::ToolConfig;
-use crate::{chat, cors, render, tokenize};
+use crate::{chat, cors, render, tokenize, transcriptions};
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
 #[derive(Clone)]
@@ -81,6 +82,8 @@ pub struct AppConfig {
     pub structured: StructuredConfig,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`, the tool-aware template.
     pub tools: ToolConfig,
+    /// Images and audio (a multimodal checkpoint's seam, `--limit-mm-per-prompt`); default: none.
+    pub media: MediaConfig,
 }
 
 /// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
@@ -125,6 +128,7 @@ impl AppConfig {
             return_tokens_as_token_ids: false,
             structured: StructuredConfig::default(),
             tools: ToolConfig::default(),
+            media: MediaConfig::default(),
         }
     }
 
@@ -215,7 +219,7 @@ pub fn try_router(
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/completions/render", post(render::completion))
         .route("/v1/chat/completions/render", post(render::chat))
-        .route("/v1/audio/transcriptions", post(not_yet))
+        .route("/v1/audio/transcriptions", post(transcriptions::create))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -279,9 +283,12 @@ pub async fn serve_router(
 /// those bodies means no page can drive the API. A body without a Content-Type is read as JSON.
 async fn json_only(req: Request, next: Next) -> Response {
     let m = req.method();
-    if m == axum::http::Method::POST
-        || m == axum::http::Method::PUT
-        || m == axum::http::Method::PATCH
+    // Transcriptions take a multipart upload (and answer a 415 of their own to anything else).
+    let multipart = req.uri().path() == "/v1/audio/transcriptions";
+    if !multipart
+        && (m == axum::http::Method::POST
+            || m == axum::http::Method::PUT
+            || m == axum::http::Method::PATCH)
     {
         if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
             let raw = String::from_utf8_lossy(ct.as_bytes()).into_owned();
@@ -372,18 +379,6 @@ async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
         body,
     )
         .into_response()
-}
-
-/// Endpoints of the Python server this front end does not serve yet: a clear 501, not a 404.
-async fn not_yet(req: Request) -> Response {
-    ApiError::status(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} is not served by the Rust front end yet; start yoco-serve with --frontend python",
-            req.uri().path()
-        ),
-    )
-    .into_response()
 }
 
 async fn not_found(req: Request) -> Response {
