@@ -15,6 +15,9 @@ use yoco_server::media::{
 
 use crate::serve::exec_err;
 
+/// `MediaSeam.prepare`'s answer: token ids, `(offset, length, identifier)` runs, the items.
+type PyPrepared = (Vec<i64>, Vec<(u32, u32, String)>, Py<PyAny>);
+
 /// A prompt's processed media items: the Python list `MediaSeam.prepare` returned.
 pub(crate) struct PyItems(pub(crate) Py<PyAny>);
 
@@ -31,8 +34,7 @@ impl PyMediaSeam {
             return Err(MediaError::Bad(msg));
         }
         let internal = |e: PyErr| MediaError::Internal(e.to_string());
-        let (ids, places, items): (Vec<i64>, Vec<(u32, u32, String)>, Py<PyAny>) =
-            r.extract().map_err(internal)?;
+        let (ids, places, items): PyPrepared = r.extract().map_err(internal)?;
         let token_ids = ids
             .into_iter()
             .map(|t| u32::try_from(t).map_err(|_| MediaError::Internal(format!("token id {t}"))))
@@ -88,7 +90,12 @@ impl MediaSeam for PyMediaSeam {
             let r = self.0.call_method1(
                 py,
                 "transcription",
-                (data, a.format.as_deref(), a.language.as_deref(), a.prompt.as_deref()),
+                (
+                    data,
+                    a.format.as_deref(),
+                    a.language.as_deref(),
+                    a.prompt.as_deref(),
+                ),
             );
             Self::read(py, r)
         })

@@ -20,11 +20,11 @@ use yoco_text::Tokenizer;
 use crate::completions;
 use crate::dispatch::Engines;
 use crate::front_metrics::{count_http, FrontMetrics};
+use crate::media::MediaConfig;
 use crate::metrics;
 use crate::openai::ApiError;
 pub use crate::structured::StructuredConfig;
 use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
-use crate::media::MediaConfig;
 use crate::tools::ToolConfig;
 use crate::{chat, cors, render, tokenize, transcriptions};
 

@@ -183,12 +183,20 @@ async fn prepare_media(
             Some("messages"),
         ));
     }
-    let seam = s.cfg.media.seam.clone().expect("refs are only collected with a seam");
+    let seam = s
+        .cfg
+        .media
+        .seam
+        .clone()
+        .expect("refs are only collected with a seam");
     let p = tokio::task::spawn_blocking(move || seam.prepare(&text, add_special_tokens, &refs))
         .await
         .map_err(|e| MediaError::Internal(e.to_string()))??;
     if p.token_ids.is_empty() {
-        return Err(ApiError::bad("the rendered conversation is empty", Some("messages")));
+        return Err(ApiError::bad(
+            "the rendered conversation is empty",
+            Some("messages"),
+        ));
     }
     Ok(p)
 }

@@ -114,9 +114,7 @@ async fn run(s: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
         ));
     }
     let max_file = s.cfg.media.max_bytes;
-    let mp = Multipart::from_request(req, &s)
-        .await
-        .map_err(unparsable)?;
+    let mp = Multipart::from_request(req, &s).await.map_err(unparsable)?;
     let f = read_form(mp, max_file).await?;
     form::check_fields(f.names.iter().map(String::as_str))?;
     let model = s.check_model(f.get("model"))?;

@@ -33,8 +33,8 @@ impl Drop for Item {
     }
 }
 
-/// Records what it is asked; "expands" each ref into a run of `RUN` tokens at the end of the
-/// rendered prompt's ids, identified by its source (so the same image hits the prefix cache);
+/// Records what it is asked; "expands" each ref into a run of `RUN` tokens after the rendered
+/// prompt's first id, identified by its source (so the same image hits the prefix cache);
 /// a source containing "broken" is a 400 naming the part.
 #[derive(Default)]
 struct MockSeam {
@@ -51,8 +51,9 @@ fn source_id(r: &MediaRef) -> String {
 }
 
 impl MockSeam {
-    fn expand(&self, mut ids: Vec<u32>, ids_of: Vec<String>) -> Prepared {
+    fn expand(&self, text: Vec<u32>, ids_of: Vec<String>) -> Prepared {
         let mut placeholders = Vec::new();
+        let mut ids = text[..1].to_vec();
         for identifier in ids_of {
             placeholders.push(MmPlaceholder {
                 offset: ids.len() as u32,
@@ -61,7 +62,8 @@ impl MockSeam {
             });
             ids.extend(std::iter::repeat_n(300, RUN as usize));
         }
-        ids.push(108); // a text token after the last run
+        ids.extend_from_slice(&text[1..]);
+        ids.push(108); // a text token after the rest
         self.live.fetch_add(1, SeqCst);
         Prepared {
             token_ids: ids,
@@ -140,7 +142,7 @@ fn media_parts_render_as_placeholders_and_reach_the_seam_in_order() {
     assert_eq!(
         rendered,
         "<bos><start_of_turn>user\n<image_soft_token>and<audio_soft_token><audio_soft_token>\
-         <image_soft_token><end_of_turn>\n<start_of_turn>model\n"
+         <image_soft_token><end_of_turn>\n<start_of_turn>model"
     );
     let got: Vec<(Modality, &str, String)> = refs
         .iter()
@@ -149,15 +151,37 @@ fn media_parts_render_as_placeholders_and_reach_the_seam_in_order() {
     assert_eq!(
         got,
         vec![
-            (Modality::Image, "messages[0].content[0]", "url:data:image/png;base64,AAA".into()),
-            (Modality::Audio, "messages[0].content[2]", "inline:UklG:Some(\"wav\")".into()),
-            (Modality::Audio, "messages[0].content[3]", "url:file:///m/a.wav".into()),
-            (Modality::Image, "messages[0].content[4]", "url:http://h/b.png".into()),
+            (
+                Modality::Image,
+                "messages[0].content[0]",
+                "url:data:image/png;base64,AAA".into()
+            ),
+            (
+                Modality::Audio,
+                "messages[0].content[2]",
+                "inline:UklG:Some(\"wav\")".into()
+            ),
+            (
+                Modality::Audio,
+                "messages[0].content[3]",
+                "url:file:///m/a.wav".into()
+            ),
+            (
+                Modality::Image,
+                "messages[0].content[4]",
+                "url:http://h/b.png".into()
+            ),
         ]
     );
     // The prompt is the seam's ids: the rendered text's plus four runs and a token.
-    let text_ids = common::tokenizer().encode(rendered.as_str(), false).unwrap().len() as u64;
-    assert_eq!(v["usage"]["prompt_tokens"], json!(text_ids + 4 * RUN as u64 + 1));
+    let text_ids = common::tokenizer()
+        .encode(rendered.as_str(), false)
+        .unwrap()
+        .len() as u64;
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        json!(text_ids + 4 * RUN as u64 + 1)
+    );
 }
 
 #[test]
@@ -168,9 +192,15 @@ fn a_text_only_conversation_on_a_media_server_keeps_its_joined_text() {
         &chat(json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])),
     );
     assert_eq!(st, 200, "{v}");
-    assert!(seam.calls.lock().unwrap().is_empty(), "no media: no seam call");
+    assert!(
+        seam.calls.lock().unwrap().is_empty(),
+        "no media: no seam call"
+    );
     let want = common::tokenizer()
-        .encode("<bos><start_of_turn>user\na\nb<end_of_turn>\n<start_of_turn>model\n", false)
+        .encode(
+            "<bos><start_of_turn>user\na\nb<end_of_turn>\n<start_of_turn>model",
+            false,
+        )
         .unwrap()
         .get_ids()
         .to_vec();
@@ -199,12 +229,23 @@ fn bad_parts_are_400s_naming_the_part_before_the_seam_runs() {
         assert!(msg.starts_with(want), "{content}: {msg}");
         assert_eq!(v["error"]["param"], "messages");
     }
-    let body = json!({"messages": [{"role": "user", "content": [img("a")]}], "truncate_prompt_tokens": 8});
+    let body =
+        json!({"messages": [{"role": "user", "content": [img("a")]}], "truncate_prompt_tokens": 8});
     let (st, v) = s.json("/v1/chat/completions", &body.to_string());
-    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("truncate_prompt_tokens")), "{v}");
-    assert!(seam.calls.lock().unwrap().is_empty(), "refused before any fetching");
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("truncate_prompt_tokens")),
+        "{v}"
+    );
+    assert!(
+        seam.calls.lock().unwrap().is_empty(),
+        "refused before any fetching"
+    );
     // The seam's own refusal is the client's 400, in its words.
-    let (st, v) = s.json("/v1/chat/completions", &chat(json!([img("a"), img("broken")])));
+    let (st, v) = s.json(
+        "/v1/chat/completions",
+        &chat(json!([img("a"), img("broken")])),
+    );
     assert_eq!(st, 400, "{v}");
     assert_eq!(
         v["error"]["message"],
@@ -236,20 +277,22 @@ fn placeholders_key_the_prefix_cache_and_items_drop_when_requests_end() {
     let cached = |url: &str| {
         let (st, v) = s.json("/v1/chat/completions", &chat(json!([img(url)])));
         assert_eq!(st, 200, "{v}");
-        v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0)
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
     };
     let first = cached("data:one");
     assert_eq!(first, 0);
-    // Same text, same image: the whole prompt but its last block hits; another image stops the
-    // hit at its run (its first token is past the shared text).
+    // The run sits in the first block (after `<bos>`): the same image hits that block, another
+    // image with the same token ids misses it (its content keys the block).
     let again = cached("data:one");
     let other = cached("data:two");
-    assert!(again > other, "same image {again} vs another {other}");
-    let (rendered, _) = seam.calls.lock().unwrap()[0].clone();
-    let text_len = common::tokenizer().encode(rendered.as_str(), false).unwrap().len() as u64;
-    assert!(other <= text_len, "a different image must not hit past its offset");
+    assert_eq!((again, other), (16, 0), "same image vs another");
     s.wait_for("items dropped", |_| seam.live.load(SeqCst) == 0);
 }
+
+/// A form field: name, file name (a file upload), bytes.
+type Field<'a> = (&'a str, Option<&'a str>, &'a [u8]);
 
 const BOUNDARY: &str = "XyZboundary";
 const CT: &str = "multipart/form-data; boundary=XyZboundary";
@@ -298,8 +341,14 @@ fn transcriptions_answer_json_text_and_a_stream_of_the_same_text() {
     assert_eq!(v["usage"]["output_tokens"], 5);
     assert_eq!(v["usage"]["type"], "tokens");
     let a = seam.transcriptions.lock().unwrap()[0].clone();
-    assert_eq!((a.data.as_slice(), a.format.as_deref(), a.language.as_deref()),
-               (&b"RIFFclip"[..], Some("wav"), Some("de")));
+    assert_eq!(
+        (
+            a.data.as_slice(),
+            a.format.as_deref(),
+            a.language.as_deref()
+        ),
+        (&b"RIFFclip"[..], Some("wav"), Some("de"))
+    );
     let mut as_text = base.to_vec();
     as_text.push(("response_format", None, b"text"));
     assert_eq!(transcribe(&s, &as_text), (200, text.clone()));
@@ -310,7 +359,10 @@ fn transcriptions_answer_json_text_and_a_stream_of_the_same_text() {
     assert_eq!(st, 200, "{body}");
     let ev = sse_events(&body);
     assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
     assert!(chunks.iter().all(|c| c["object"] == "transcription.chunk"));
     let joined: String = chunks
         .iter()
@@ -326,23 +378,62 @@ fn transcriptions_answer_json_text_and_a_stream_of_the_same_text() {
 fn bad_transcription_requests_are_4xx_naming_the_field() {
     let (s, _) = server(Vec::new());
     let file: (&str, Option<&str>, &[u8]) = ("file", Some("a.wav"), b"RIFF");
-    let cases: Vec<(Vec<(&str, Option<&str>, &[u8])>, &str, &str)> = vec![
-        (vec![("other", Some("x"), b"1")], "other", "unsupported field(s) ['other']"),
-        (vec![("model", None, b"mock")], "file", "the 'file' field with the audio is missing"),
-        (vec![("file", Some("a.aiff"), b"RIFF")], "file", "audio format 'aiff' is not supported"),
-        (vec![file, ("language", None, b"xx")], "language", "language 'xx' is not supported"),
-        (vec![file, ("response_format", None, b"srt")], "response_format", "response_format 'srt'"),
-        (vec![file, ("stream", None, b"maybe")], "stream", "stream must be true or false"),
-        (vec![file, ("temperature", None, b"3")], "temperature", "temperature must be in [0.0, 2.0]"),
-        (vec![file, ("max_completion_tokens", None, b"0")], "max_completion_tokens", "max_completion_tokens must be in [1, "),
-        (vec![("file", Some("a.wav"), b"noise")], "file", "file: audio data cannot be decoded"),
+    let cases: Vec<(Vec<Field>, &str, &str)> = vec![
+        (
+            vec![("other", Some("x"), b"1")],
+            "other",
+            "unsupported field(s) ['other']",
+        ),
+        (
+            vec![("model", None, b"mock")],
+            "file",
+            "the 'file' field with the audio is missing",
+        ),
+        (
+            vec![("file", Some("a.aiff"), b"RIFF")],
+            "file",
+            "audio format 'aiff' is not supported",
+        ),
+        (
+            vec![file, ("language", None, b"xx")],
+            "language",
+            "language 'xx' is not supported",
+        ),
+        (
+            vec![file, ("response_format", None, b"srt")],
+            "response_format",
+            "response_format 'srt'",
+        ),
+        (
+            vec![file, ("stream", None, b"maybe")],
+            "stream",
+            "stream must be true or false",
+        ),
+        (
+            vec![file, ("temperature", None, b"3")],
+            "temperature",
+            "temperature must be in [0.0, 2.0]",
+        ),
+        (
+            vec![file, ("max_completion_tokens", None, b"0")],
+            "max_completion_tokens",
+            "max_completion_tokens must be in [1, ",
+        ),
+        (
+            vec![("file", Some("a.wav"), b"noise")],
+            "file",
+            "file: audio data cannot be decoded",
+        ),
     ];
     for (fields, param, want) in cases {
         let (st, body) = transcribe(&s, &fields);
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(st, 400, "{want}: {body}");
         assert_eq!(v["error"]["param"], param, "{body}");
-        assert!(v["error"]["message"].as_str().unwrap().starts_with(want), "{body}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().starts_with(want),
+            "{body}"
+        );
     }
     let (st, body) = s.post("/v1/audio/transcriptions", r#"{"model": "mock"}"#);
     assert_eq!(st, 415, "{body}");
