@@ -139,6 +139,9 @@ impl AppConfig {
     }
 }
 
+/// Media seam calls that may run at once ([`AppState::media_slots`]).
+const MEDIA_SLOTS: usize = 4;
+
 /// What every handler sees.
 pub(crate) struct AppState {
     pub cfg: AppConfig,
@@ -149,6 +152,10 @@ pub(crate) struct AppState {
     pub front: FrontMetrics,
     /// The grammar compiler, built on the first constrained request (`structured.rs`).
     pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// Media seam calls at once (fetching, decoding and encoding hold Python threads): a flood of
+    /// image requests queues here instead of filling the blocking pool. The permit moves into the
+    /// blocking call, so a client that leaves does not free a slot that is still working.
+    pub media_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -205,6 +212,7 @@ pub fn try_router(
         engines: engines.into(),
         tok,
         grammar: OnceLock::new(),
+        media_slots: Arc::new(tokio::sync::Semaphore::new(MEDIA_SLOTS)),
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

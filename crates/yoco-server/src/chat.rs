@@ -189,9 +189,18 @@ async fn prepare_media(
         .seam
         .clone()
         .expect("refs are only collected with a seam");
-    let p = tokio::task::spawn_blocking(move || seam.prepare(&text, add_special_tokens, &refs))
+    let slot = s
+        .media_slots
+        .clone()
+        .acquire_owned()
         .await
-        .map_err(|e| MediaError::Internal(e.to_string()))??;
+        .map_err(|e| MediaError::Internal(e.to_string()))?;
+    let p = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        seam.prepare(&text, add_special_tokens, &refs)
+    })
+    .await
+    .map_err(|e| MediaError::Internal(e.to_string()))??;
     if p.token_ids.is_empty() {
         return Err(ApiError::bad(
             "the rendered conversation is empty",
