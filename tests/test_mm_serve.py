@@ -1,18 +1,25 @@
 """Image and audio inputs over HTTP (black box, a live server on the tiny multimodal checkpoint): chat
 content parts (data URLs, input_audio, several items, file:// under --allowed-local-media-path), the
 openai client round trip with greedy tokens equal to the Engine's, /v1/audio/transcriptions (json,
-text, streaming), and a clear 400 for each kind of bad media."""
+text, streaming), and a clear 400 for each kind of bad media.
+
+Every test runs against both front ends: the Python server (in process) and ``yoco-serve --frontend
+rust`` (a subprocess with the same settings as flags; its media seam is ``serve/rust_media.py``). On the
+Rust one the reference Engine is a separate in-process engine on the same checkpoint, and the media items
+still registered are what the server prints when it stops (the last test stops it)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import signal
+import time
 
 import httpx
 import pytest
 
 from mm_tiny import image_bytes, random_audio, random_image, wav_bytes
-from serve_helpers import LiveServer
+from serve_helpers import CliServer, LiveServer
 
 ENGINE = dict(max_model_len=512, kv_cache_memory=32 << 20, max_num_seqs=8, block_size=16, sub_block_size=4,
               max_num_batched_tokens=64, limit_mm_per_prompt={"image": 2, "audio": 1}, seed=0)
@@ -33,16 +40,94 @@ def media_dir(tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="module")
-def srv(tiny_mm, media_dir):
-    s = LiveServer(engine_kwargs=ENGINE, model=tiny_mm[0], allowed_local_media_path=str(media_dir),
-                   max_media_bytes=2 << 20)
+class PythonMm:
+    """The Python front end in process: the reference Engine is the server's own."""
+
+    def __init__(self, model_dir, media_dir):
+        self.live = LiveServer(engine_kwargs=ENGINE, model=model_dir, allowed_local_media_path=str(media_dir),
+                               max_media_bytes=2 << 20)
+        self.url = self.live.url
+        self.model = self.live.engine.model_name
+
+    def reference(self):
+        return self.live.engine._loaded()
+
+    def wait_idle(self):
+        return self.live.wait_idle()
+
+    def media_requests_live(self) -> int:
+        eng = self.live.engine._loaded()
+        eng.check_invariants()
+        return eng._mm.num_requests()
+
+    def stop(self):
+        self.live.stop()
+
+
+class RustMm(CliServer):
+    """``yoco-serve --frontend rust`` with ENGINE's settings as flags."""
+
+    def __init__(self, model_dir, media_dir):
+        super().__init__(
+            "--frontend", "rust", model_dir, "--max-model-len", str(ENGINE["max_model_len"]),
+            "--kv-cache-memory", "32MiB", "--max-num-seqs", str(ENGINE["max_num_seqs"]),
+            "--block-size", str(ENGINE["block_size"]), "--sub-block-size", str(ENGINE["sub_block_size"]),
+            "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
+            "--limit-mm-per-prompt", json.dumps(ENGINE["limit_mm_per_prompt"]), "--seed", "0",
+            "--allowed-local-media-path", str(media_dir), "--max-media-bytes", str(2 << 20))
+        self.model_dir = model_dir
+        self.model = httpx.get(self.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        self._ref = None
+
+    def reference(self):
+        """An in-process Engine on the same checkpoint and settings (greedy outputs must match)."""
+        if self._ref is None:
+            from yoco_rs import Engine
+
+            self._ref = Engine(self.model_dir, **ENGINE)
+        return self._ref
+
+    def wait_idle(self, timeout: float = 30.0) -> dict:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        deadline = time.monotonic() + timeout
+        while True:
+            m = {}
+            for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
+                for smp in fam.samples:
+                    m[smp.name] = m.get(smp.name, 0) + smp.value
+            busy = [m.get(n, 0) for n in ("yoco:num_requests_running", "yoco:num_requests_waiting",
+                                          "yoco:kv_blocks_used")]
+            if not any(busy):
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not idle after {timeout} s: running/waiting/blocks_used = {busy}")
+            time.sleep(0.05)
+
+    def media_requests_live(self) -> int:
+        """Stops the server: the count of requests still holding items that it prints on the way out."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        for _ in range(100):  # the reader thread drains stderr after the exit
+            hits = [ln for ln in self.lines if ln.startswith("yoco-serve: stopped (")]
+            if hits:
+                return int(hits[-1].split("(", 1)[1].split(" ", 1)[0])
+            time.sleep(0.05)
+        raise AssertionError("no stop line:\n" + self.log)
+
+    def stop(self):
+        self.kill()
+
+
+@pytest.fixture(scope="module", params=["python", "rust"])
+def srv(request, tiny_mm, media_dir):
+    s = (PythonMm if request.param == "python" else RustMm)(tiny_mm[0], media_dir)
     yield s
     s.stop()
 
 
 def chat(srv, content, **kw):
-    body = {"model": srv.engine.model_name, "messages": [{"role": "user", "content": content}],
+    body = {"model": srv.model, "messages": [{"role": "user", "content": content}],
             "max_tokens": 4, "temperature": 0, **kw}
     return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
 
@@ -67,12 +152,12 @@ def test_openai_client_round_trip_equals_the_engine(srv):
     img, wave = random_image(40), random_audio(41, 1.0)
     client = OpenAI(base_url=srv.url + "/v1", api_key="none")
     r = client.chat.completions.create(
-        model=srv.engine.model_name, max_tokens=5, temperature=0,
+        model=srv.model, max_tokens=5, temperature=0,
         messages=[{"role": "user", "content": [img_part(data_url(img)), audio_part(wave),
                                                 {"type": "text", "text": "What do you see and hear?"}]}])
     got = r.choices[0].message.content
     # the same conversation through the Engine API: the template renders one placeholder per part
-    eng = srv.engine._loaded()
+    eng = srv.reference()
     text = eng.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "audio"},
                                                                  {"type": "text", "text": "What do you see and hear?"}]}])
     out = eng.generate({"prompt": text, "multi_modal_data": {"image": img, "audio": (wave, 16000)}},
@@ -81,7 +166,7 @@ def test_openai_client_round_trip_equals_the_engine(srv):
     assert r.usage.prompt_tokens == len(out.prompt_token_ids)
     # the same image again: served from the prefix cache
     r2 = client.chat.completions.create(
-        model=srv.engine.model_name, max_tokens=5, temperature=0,
+        model=srv.model, max_tokens=5, temperature=0,
         messages=[{"role": "user", "content": [img_part(data_url(img)), audio_part(wave),
                                                 {"type": "text", "text": "What do you see and hear?"}]}])
     assert r2.choices[0].message.content == got
@@ -98,7 +183,7 @@ def test_streaming_chat_with_an_image_equals_non_streaming(srv):
     content = parts("describe", img_part(data_url(random_image(43), "JPEG")))
     full = chat(srv, content).json()["choices"][0]["message"]["content"]
     with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=120,
-                      json={"model": srv.engine.model_name, "messages": [{"role": "user", "content": content}],
+                      json={"model": srv.model, "messages": [{"role": "user", "content": content}],
                             "max_tokens": 4, "temperature": 0, "stream": True}) as resp:
         text = ""
         for line in resp.iter_lines():
@@ -111,7 +196,7 @@ def test_streaming_chat_with_an_image_equals_non_streaming(srv):
 def test_transcriptions_json_text_and_stream(srv):
     wave = random_audio(44, 1.2)
     files = {"file": ("clip.wav", wav_bytes(wave), "audio/wav")}
-    data = {"model": srv.engine.model_name, "max_completion_tokens": "5"}
+    data = {"model": srv.model, "max_completion_tokens": "5"}
     r = httpx.post(srv.url + "/v1/audio/transcriptions", files=files, data=data, timeout=120)
     assert r.status_code == 200, r.text
     text = r.json()["text"]
@@ -129,7 +214,7 @@ def test_transcriptions_json_text_and_stream(srv):
     from openai import OpenAI
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="none")
-    t = client.audio.transcriptions.create(model=srv.engine.model_name, file=("clip.wav", wav_bytes(wave)),
+    t = client.audio.transcriptions.create(model=srv.model, file=("clip.wav", wav_bytes(wave)),
                                            extra_body={"max_completion_tokens": 5})
     assert t.text == text
 
@@ -165,7 +250,7 @@ def test_bad_media_is_a_clear_400(srv, case):
 
 def test_bad_transcription_uploads_are_400s(srv):
     url = srv.url + "/v1/audio/transcriptions"
-    m = {"model": srv.engine.model_name}
+    m = {"model": srv.model}
     r = httpx.post(url, files={"file": ("a.wav", b"not audio at all", "audio/wav")}, data=m, timeout=60)
     assert r.status_code == 400 and "cannot be decoded" in r.json()["error"]["message"]
     r = httpx.post(url, files={"file": ("a.aiff", wav_bytes(random_audio(1)), "audio/aiff")}, data=m, timeout=60)
@@ -181,19 +266,19 @@ def test_bad_transcription_uploads_are_400s(srv):
 def test_disconnects_mid_stream_leak_nothing(srv):
     # streaming image requests whose clients go away after the first chunk: aborted, blocks and items freed
     for i in range(6):
-        body = {"model": srv.engine.model_name, "stream": True, "max_tokens": 64, "temperature": 0,
+        body = {"model": srv.model, "stream": True, "max_tokens": 64, "temperature": 0,
                 "messages": [{"role": "user", "content": parts(f"story {i}", img_part(data_url(random_image(60 + i))))}]}
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as resp:
             assert resp.status_code == 200
             next(resp.iter_lines())
     m = srv.wait_idle()
     assert m
-    assert srv.engine._loaded()._mm.num_requests() == 0
+    if isinstance(srv, PythonMm):  # the Rust server's count is read when it stops (the last test)
+        assert srv.media_requests_live() == 0
 
 
 def test_nothing_leaks_after_bad_and_good_media(srv):
+    # Last in the module: on the Rust front end this stops the server to read its count.
     m = srv.wait_idle()
     assert m
-    eng = srv.engine._loaded()
-    assert eng._mm.num_requests() == 0
-    eng.check_invariants()
+    assert srv.media_requests_live() == 0

@@ -122,8 +122,12 @@ def test_rust_frontend_refuses_what_it_does_not_serve_yet_by_name(server):
                    timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
+    # Transcriptions are served (tests/test_mm_serve.py): JSON is a 415, multipart on a text-only
+    # model a 400 naming model, as the Python server answers them.
     r = httpx.post(server.url + "/v1/audio/transcriptions", json={}, timeout=30)
-    assert r.status_code == 501 and "--frontend python" in r.json()["error"]["message"]
+    assert r.status_code == 415 and "multipart/form-data" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     m = httpx.get(server.url + "/metrics", timeout=30).text
     assert "yoco:num_requests_running" in m and "yoco:engine_step_period_seconds_bucket" in m
 

@@ -12,6 +12,7 @@ mod mock;
 mod plan;
 mod scheduler;
 mod serve; // the Rust serving path over the Python executor
+mod serve_media; // its media seam (images, audio, transcriptions) over the Python processor
 mod serve_sampling; // its masks, logprob arrays and structured-output settings
 mod text; // yoco-text binding (engine)
 

@@ -24,6 +24,7 @@ use yoco_text::Tokenizer;
 
 use crate::plan::StepPlan;
 use crate::scheduler::Scheduler;
+use crate::serve_media::{media_config, PyItems};
 use crate::serve_sampling::{read_output, structured_config, PyStepMasks};
 
 /// The Python executor behind the Rust step loop.
@@ -34,7 +35,7 @@ struct PyStepExecutor {
     out: StepOutput,
 }
 
-fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
+pub(crate) fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
     let tb = e
         .traceback(py)
         .and_then(|t| t.format().ok())
@@ -71,6 +72,11 @@ impl Executor for PyStepExecutor {
             let _ = kw.set_item("frequency_penalty", s.frequency_penalty);
             let _ = kw.set_item("repetition_penalty", s.repetition_penalty);
             let _ = kw.set_item("logprobs", p.logprobs.map_or(-1, i64::from));
+            if let Some(m) = p.media.as_ref() {
+                if let Some(items) = m.items.0.downcast_ref::<PyItems>() {
+                    let _ = kw.set_item("mm_items", items.0.bind(py));
+                }
+            }
             let prompt = p
                 .prompt
                 .iter()
@@ -179,7 +185,8 @@ impl Executor for PyStepExecutor {
     compat_metric_names = false, allowed_origins = Vec::new(), return_tokens_as_token_ids = false,
     version = None, cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
     structured_outputs_config = None, enable_auto_tool_choice = false, tool_call_parser = None,
-    tool_chat_template = None
+    tool_chat_template = None, media_seam = None, limit_mm_per_prompt = Vec::new(),
+    max_media_bytes = 20 << 20
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -217,6 +224,9 @@ pub fn serve_http(
     enable_auto_tool_choice: bool,
     tool_call_parser: Option<String>,
     tool_chat_template: Option<String>,
+    media_seam: Option<Py<PyAny>>,
+    limit_mm_per_prompt: Vec<(String, u32)>,
+    max_media_bytes: usize,
 ) -> PyResult<()> {
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
@@ -329,6 +339,7 @@ pub fn serve_http(
     cfg.cache_config_info = cache_config_info;
     cfg.kv_sharing_fast_prefill = kv_sharing_fast_prefill;
     cfg.max_logprobs = max_logprobs;
+    cfg.media = media_config(media_seam, limit_mm_per_prompt, max_media_bytes)?;
     cfg.structured = structured_config(structured_outputs_config.as_ref(), &eos_token_ids)?;
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()

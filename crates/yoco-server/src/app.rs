@@ -20,12 +20,13 @@ use yoco_text::Tokenizer;
 use crate::completions;
 use crate::dispatch::Engines;
 use crate::front_metrics::{count_http, FrontMetrics};
+use crate::media::MediaConfig;
 use crate::metrics;
 use crate::openai::ApiError;
 pub use crate::structured::StructuredConfig;
 use crate::template::{ChatTemplates, SpecialTokens, TemplateBudget};
 use crate::tools::ToolConfig;
-use crate::{chat, cors, render, tokenize};
+use crate::{chat, cors, render, tokenize, transcriptions};
 
 /// What the front end serves and its limits (the `yoco-serve` flags of the same names).
 #[derive(Clone)]
@@ -81,6 +82,8 @@ pub struct AppConfig {
     pub structured: StructuredConfig,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`, the tool-aware template.
     pub tools: ToolConfig,
+    /// Images and audio (a multimodal checkpoint's seam, `--limit-mm-per-prompt`); default: none.
+    pub media: MediaConfig,
 }
 
 /// The checkpoint's `generation_config.json` sampling defaults (what the Python server applies to a
@@ -125,6 +128,7 @@ impl AppConfig {
             return_tokens_as_token_ids: false,
             structured: StructuredConfig::default(),
             tools: ToolConfig::default(),
+            media: MediaConfig::default(),
         }
     }
 
@@ -134,6 +138,9 @@ impl AppConfig {
         32 * self.max_model_len as usize
     }
 }
+
+/// Media seam calls that may run at once ([`AppState::media_slots`]).
+const MEDIA_SLOTS: usize = 4;
 
 /// What every handler sees.
 pub(crate) struct AppState {
@@ -145,6 +152,10 @@ pub(crate) struct AppState {
     pub front: FrontMetrics,
     /// The grammar compiler, built on the first constrained request (`structured.rs`).
     pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    /// Media seam calls at once (fetching, decoding and encoding hold Python threads): a flood of
+    /// image requests queues here instead of filling the blocking pool. The permit moves into the
+    /// blocking call, so a client that leaves does not free a slot that is still working.
+    pub media_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -201,6 +212,7 @@ pub fn try_router(
         engines: engines.into(),
         tok,
         grammar: OnceLock::new(),
+        media_slots: Arc::new(tokio::sync::Semaphore::new(MEDIA_SLOTS)),
         started_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -215,7 +227,7 @@ pub fn try_router(
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/completions/render", post(render::completion))
         .route("/v1/chat/completions/render", post(render::chat))
-        .route("/v1/audio/transcriptions", post(not_yet))
+        .route("/v1/audio/transcriptions", post(transcriptions::create))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -279,9 +291,12 @@ pub async fn serve_router(
 /// those bodies means no page can drive the API. A body without a Content-Type is read as JSON.
 async fn json_only(req: Request, next: Next) -> Response {
     let m = req.method();
-    if m == axum::http::Method::POST
-        || m == axum::http::Method::PUT
-        || m == axum::http::Method::PATCH
+    // Transcriptions take a multipart upload (and answer a 415 of their own to anything else).
+    let multipart = req.uri().path() == "/v1/audio/transcriptions";
+    if !multipart
+        && (m == axum::http::Method::POST
+            || m == axum::http::Method::PUT
+            || m == axum::http::Method::PATCH)
     {
         if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
             let raw = String::from_utf8_lossy(ct.as_bytes()).into_owned();
@@ -372,18 +387,6 @@ async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
         body,
     )
         .into_response()
-}
-
-/// Endpoints of the Python server this front end does not serve yet: a clear 501, not a 404.
-async fn not_yet(req: Request) -> Response {
-    ApiError::status(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} is not served by the Rust front end yet; start yoco-serve with --frontend python",
-            req.uri().path()
-        ),
-    )
-    .into_response()
 }
 
 async fn not_found(req: Request) -> Response {

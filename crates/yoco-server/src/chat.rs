@@ -24,6 +24,7 @@ use crate::chat_answer::{chat_final, chat_stream, ChatCtx};
 use crate::chat_protocol::{template_kwargs, template_messages, ChatCompletionRequest};
 use crate::completions::{now, uuid_like};
 use crate::logprobs_json::TokenText;
+use crate::media::{MediaError, MediaRef, Prepared};
 use crate::openai::ApiError;
 use crate::params::GenParams;
 use crate::structured::{compile, constraint_of};
@@ -66,17 +67,21 @@ pub(crate) async fn chat_inputs(
         req.parallel_tool_calls,
         &s.cfg.tools,
     )?;
-    let text = render(s, req, Some(&tools)).await?;
-    let ids = encode_rendered(
-        s,
-        text,
-        req.add_special_tokens.unwrap_or(false),
-        req.truncate_prompt_tokens,
-    )
-    .await?;
+    let mut refs = Vec::new();
+    let media_on = s.cfg.media.seam.is_some();
+    let text = render(s, req, Some(&tools), media_on.then_some(&mut refs)).await?;
+    let add_special = req.add_special_tokens.unwrap_or(false);
+    let (ids, media) = if refs.is_empty() {
+        let ids = encode_rendered(s, text, add_special, req.truncate_prompt_tokens).await?;
+        (ids, None)
+    } else {
+        let p = prepare_media(s, text, add_special, refs, req.truncate_prompt_tokens).await?;
+        (p.token_ids, Some(p.media))
+    };
     let view = req.sampling_view(s.cfg.max_logprobs)?;
     let stream = req.sampling.stream.unwrap_or(false);
     let mut params = gen_params_for(s, &view, &ids, stream, "messages")?;
+    params.media = media;
     let fields = req.sampling.constraint_fields();
     let compact = s.cfg.structured.disable_any_whitespace;
     if let Some(c) = constraint_of(&fields, tool_constraint(&tools, compact), compact)? {
@@ -94,10 +99,14 @@ pub(crate) async fn chat_inputs(
 /// The request's conversation through the template (the server's, or the request's own where the
 /// server trusts request templates). With `tools` holding functions, they reach the template as
 /// `tools`, and a request without its own template renders with the tool-aware one.
+///
+/// With `media` (a multimodal server), image and audio parts render as `{"type": "image"}` /
+/// `{"type": "audio"}` and their refs are appended to it in order; without, they are refused.
 pub(crate) async fn render(
     s: &Arc<AppState>,
     req: &ChatCompletionRequest,
     tools: Option<&ToolPlan>,
+    media: Option<&mut Vec<MediaRef>>,
 ) -> Result<String, ApiError> {
     let trusted = s.cfg.trust_request_chat_template;
     if req.chat_template.is_some() && !trusted {
@@ -127,7 +136,7 @@ pub(crate) async fn render(
         .messages
         .as_deref()
         .ok_or_else(|| ApiError::bad("messages is required", Some("messages")))?;
-    let (messages, last) = template_messages(messages)?;
+    let (messages, last) = template_messages(messages, media)?;
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
     let continue_final = req.continue_final_message.unwrap_or(false);
     if continue_final && add_generation_prompt {
@@ -144,6 +153,61 @@ pub(crate) async fn render(
         kwargs,
     };
     s.templates.render(request_template.as_deref(), conv).await
+}
+
+/// The rendered conversation's media through the seam, on the blocking pool (fetching, decoding,
+/// the processor and the encoder ahead are heavy): the expanded prompt's ids and its items.
+async fn prepare_media(
+    s: &Arc<AppState>,
+    text: String,
+    add_special_tokens: bool,
+    refs: Vec<MediaRef>,
+    truncate: Option<i64>,
+) -> Result<Prepared, ApiError> {
+    s.cfg.media.check_limits(&refs)?;
+    if truncate.is_some() {
+        return Err(ApiError::bad(
+            "truncate_prompt_tokens cannot be combined with image or audio parts (truncation could cut \
+             a placeholder run)",
+            Some("truncate_prompt_tokens"),
+        ));
+    }
+    if text.len() > s.cfg.max_prompt_bytes() {
+        return Err(ApiError::bad(
+            format!(
+                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
+                 maximum context length",
+                text.len(),
+                s.cfg.max_model_len
+            ),
+            Some("messages"),
+        ));
+    }
+    let seam = s
+        .cfg
+        .media
+        .seam
+        .clone()
+        .expect("refs are only collected with a seam");
+    let slot = s
+        .media_slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| MediaError::Internal(e.to_string()))?;
+    let p = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        seam.prepare(&text, add_special_tokens, &refs)
+    })
+    .await
+    .map_err(|e| MediaError::Internal(e.to_string()))??;
+    if p.token_ids.is_empty() {
+        return Err(ApiError::bad(
+            "the rendered conversation is empty",
+            Some("messages"),
+        ));
+    }
+    Ok(p)
 }
 
 fn kwargs_template(kw: Option<&minijinja::Value>) -> Option<String> {

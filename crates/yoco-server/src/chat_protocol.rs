@@ -10,6 +10,8 @@ use minijinja::value::{Value, ValueKind};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use crate::chat_media::{has_media, media_content};
+use crate::media::MediaRef;
 use crate::openai::{ApiError, CompletionRequest, SamplingRequest};
 use crate::validate::logprobs_field;
 
@@ -244,7 +246,17 @@ fn describe(v: &Value) -> &'static str {
 /// parts joined with newlines; anything but text is refused by name), `name`, an assistant's
 /// `tool_calls` (arguments parsed to objects, as tool-aware templates iterate them) and a tool
 /// message's `tool_call_id`. Returns the template values and the last message's text.
-pub(crate) fn template_messages(messages: &[Value]) -> Result<(Vec<Value>, String), ApiError> {
+///
+/// With `media` (a multimodal server) and a media part anywhere in the conversation, contents
+/// become part lists for the template and the media refs are appended to `media` in order
+/// ([`crate::chat_media`]); otherwise media parts are refused by name, as before.
+pub(crate) fn template_messages(
+    messages: &[Value],
+    mut media: Option<&mut Vec<MediaRef>>,
+) -> Result<(Vec<Value>, String), ApiError> {
+    if media.is_none() || !has_media(messages) {
+        media = None;
+    }
     if messages.is_empty() {
         return Err(bad_message(
             "messages is empty: give at least one {'role': ..., 'content': ...}".into(),
@@ -274,11 +286,16 @@ pub(crate) fn template_messages(messages: &[Value]) -> Result<(Vec<Value>, Strin
                 ROLES.join(", ")
             )));
         }
-        let text = content_text(i, &m.get_attr("content").unwrap_or_default())?;
-        let mut fields: Vec<(&str, Value)> = vec![
-            ("role", Value::from(role.as_str())),
-            ("content", Value::from(text.as_str())),
-        ];
+        let content = m.get_attr("content").unwrap_or_default();
+        let (content, text) = match media.as_deref_mut() {
+            Some(refs) => media_content(i, &content, refs)?,
+            None => {
+                let t = content_text(i, &content)?;
+                (Value::from(t.as_str()), t)
+            }
+        };
+        let mut fields: Vec<(&str, Value)> =
+            vec![("role", Value::from(role.as_str())), ("content", content)];
         let name = m.get_attr("name").unwrap_or_default();
         if !name.is_none() && !name.is_undefined() {
             if name.as_str().is_none() {

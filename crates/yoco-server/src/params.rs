@@ -1,6 +1,7 @@
 //! What the step loop needs of one request, validated by the front end before it is submitted.
 
 pub use crate::grammar_rows::Grammar;
+use crate::media::MediaInputs;
 
 /// Sampling fields the executor applies on the device (the step loop only carries them).
 #[derive(Debug, Clone, PartialEq)]
@@ -73,4 +74,7 @@ pub struct GenParams {
     pub prompt_logprobs: Option<u32>,
     /// The output's constraint (structured outputs), compiled.
     pub grammar: Option<Grammar>,
+    /// Images / audio of the prompt: their placeholder runs and processed items
+    /// ([`crate::media`]); None for a text prompt.
+    pub media: Option<MediaInputs>,
 }

@@ -290,7 +290,13 @@ impl StepLoop {
         };
         // The front end validated the request against the same limits; a refusal here is a bug
         // or a race with a limit change, reported to the client rather than dropped.
-        let refused = match self.sched.add_request(req) {
+        // Image / audio placeholder runs key the prefix cache and the encoder budget in the core.
+        let mm = p
+            .media
+            .as_ref()
+            .map(|m| m.placeholders.clone())
+            .unwrap_or_default();
+        let refused = match self.sched.add_request_mm(req, mm) {
             Err(e) => Some(e.to_string()),
             Ok(()) => match self.text.add(id, &p.prompt, opts) {
                 Err(e) => {

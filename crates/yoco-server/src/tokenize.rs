@@ -69,7 +69,7 @@ async fn run_tokenize(
         let req: ChatCompletionRequest = parse_json(Ok(bytes))?;
         s.check_model(req.model.as_deref())?;
         s.ensure_serving()?;
-        let text = render(&s, &req, None).await?;
+        let text = render(&s, &req, None, None).await?;
         let ids = encode_rendered(&s, text, req.add_special_tokens.unwrap_or(false), None).await?;
         (
             ids,

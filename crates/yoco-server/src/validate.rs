@@ -408,6 +408,7 @@ pub(crate) fn gen_params_for(
         },
         logprobs,
         prompt_logprobs,
+        media: None,
         grammar: None,
     })
 }

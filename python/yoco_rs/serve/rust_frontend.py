@@ -9,8 +9,16 @@ flat arrays). What the Rust front end serves today is ``/v1/completions`` (text 
 penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1/chat/completions``
 (chat templates rendered in Rust), the render endpoints, ``/tokenize``, ``/detokenize`` and
 ``/version``, tool calling (``tools`` / ``tool_choice``, ``--enable-auto-tool-choice`` with
-``--tool-call-parser``); requests that need what it does not serve yet (images, audio) get a 400 naming the field (or
-a 501 for an endpoint). The default ``--frontend python`` serves everything.
+``--tool-call-parser``), and on a multimodal checkpoint images and audio in chat content parts and
+``/v1/audio/transcriptions``. Requests that need what it does not serve get a 400 naming the field. The
+default ``--frontend python`` serves the same.
+
+Images and audio: Rust parses the content parts, checks ``--limit-mm-per-prompt`` and renders the template
+with ``{"type": "image"}`` / ``{"type": "audio"}`` parts, then calls ``rust_media.MediaSeam`` off the step
+loop (fetch under the media flags, decode, process, expand and locate the placeholders, encode ahead). The
+request enters the Rust loop with its placeholder runs (they key the prefix cache and the encoder budget);
+``add_request`` receives the processed items as ``mm_items`` and registers them under the request id,
+``launch`` builds the batch's ``mm_overlay`` as ``Engine`` does, ``remove_request`` drops them.
 
 Structured outputs: the Rust loop owns the matchers and computes each step's token bitmasks on the
 grammar pool while the forward runs; ``launch`` receives them as a ``_core.StepMasks`` and applies
@@ -76,11 +84,12 @@ class StepExecutor:
         self._out = None
         self._prompt_lp = None
         self._prev: np.ndarray = np.zeros(0, dtype=np.int32)  # the ids the last collect() returned
+        self._mm = rt.executor.mm  # per-request image / audio items (None: a text-only checkpoint)
 
     def add_request(self, req_id: int, prompt: np.ndarray, *, temperature: float, top_p: float, top_k: int,
                     min_p: float, seed: Optional[int], min_tokens: int, ignore_eos: bool,
                     stop_token_ids: list, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                    repetition_penalty: float = 1.0, logprobs: int = -1) -> None:
+                    repetition_penalty: float = 1.0, logprobs: int = -1, mm_items=None) -> None:
         mask_ids = list(stop_token_ids) + ([] if ignore_eos else self._eos)
         self._params[req_id] = RowParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -89,10 +98,18 @@ class StepExecutor:
             seed=seed if seed is not None else derive_seed(self._engine_seed, next(self._counter)),
             min_tokens=min_tokens, min_tokens_ids=mask_ids, logprobs=logprobs)
         self._prompts[req_id] = prompt
+        if mm_items and self._mm is not None:
+            self._mm.add(req_id, mm_items)
 
     def remove_request(self, req_id: int) -> None:
         self._params.pop(req_id, None)
         self._prompts.pop(req_id, None)
+        if self._mm is not None:
+            self._mm.remove(req_id)
+
+    def num_media_requests(self) -> int:
+        """Requests whose image / audio items are registered (0 once every media request ended)."""
+        return 0 if self._mm is None else self._mm.num_requests()
 
     def launch(self, plan, tables: list, resumed: dict, masks=None, scoring=None) -> None:
         ids = plan.admitted_ids
@@ -101,11 +118,18 @@ class StepExecutor:
             self._sampler.set_rows(plan.admitted_rows.tolist(), [self._params[i] for i in ids],
                                    [self._prompts[i] for i in ids], [resumed.get(i, _NO_OUTPUT) for i in ids])
         batch = plan_batch(plan, [torch.from_numpy(t) for t in tables])
+        input_ids = plan.input_ids
         if plan.num_placeholders:
             ids = batch.input_ids.clone()
             ids[torch.from_numpy(plan.placeholder_indices).long()] = torch.from_numpy(
                 self._prev[plan.placeholder_sources]).to(ids.dtype)
             batch.input_ids = ids
+            if self._mm is not None:
+                input_ids = np.array(input_ids)
+                input_ids[plan.placeholder_indices] = self._prev[plan.placeholder_sources]
+        if self._mm is not None:  # image / audio embeddings of this step's chunks, as Engine builds them
+            batch.mm_overlay = self._mm.overlay(plan.req_ids, plan.query_start_loc, plan.seq_lens, input_ids,
+                                                int(plan.num_tokens))
         logits = self._runner.execute(batch)
         cross_pos = plan.logits_cross_pos
         if masks is not None:
@@ -177,6 +201,22 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
         tool_chat_template=settings.chat_template or tool_template())
 
 
+def _media_settings(rt: Runtime, settings) -> dict:
+    """The media seam of a multimodal checkpoint (none for a text-only one: media parts stay refused), the
+    fetch policy (``--allowed-local-media-path``, ``--max-media-bytes``, ``--media-fetch-timeout``) and
+    ``--limit-mm-per-prompt``."""
+    if rt.mm_processor is None:
+        return {}
+    from yoco_rs.serve.media_fetch import MediaPolicy
+    from yoco_rs.serve.rust_media import MediaSeam
+
+    policy = MediaPolicy(settings.allowed_local_media_path, int(settings.max_media_bytes),
+                         float(settings.media_fetch_timeout))
+    limits = [(str(k), int(v)) for k, v in dict(rt.config.limit_mm_per_prompt or {}).items()]
+    return dict(media_seam=MediaSeam(rt, policy), limit_mm_per_prompt=limits,
+                max_media_bytes=int(settings.max_media_bytes))
+
+
 def _token_str(v) -> Optional[str]:
     return v.get("content") if isinstance(v, dict) else (None if v is None else str(v))
 
@@ -216,8 +256,9 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
               f"max_model_len {c.max_model_len}{mem} | front end rust, {dp} step loop{'s' if dp > 1 else ''}, "
               f"{'async' if async_on else 'synchronous'} scheduling | {url}", file=sys.stderr, flush=True)
 
+    executors = [StepExecutor(r) for r in rts]
     _core.serve_http(
-        [(r.scheduler, StepExecutor(r)) for r in rts], tokenizer_file=rt.tokenizer.tokenizer_file,
+        [(r.scheduler, e) for r, e in zip(rts, executors)], tokenizer_file=rt.tokenizer.tokenizer_file,
         eos_token_ids=list(rt.tokenizer.eos_token_ids),
         bos_token_id=rt.tokenizer.bos_token_id if rt.tokenizer.add_bos_token else None, host=args.host, port=args.port, served_model_names=names,
         max_model_len=int(rt.config.max_model_len), vocab_size=int(rt.vocab_size),
@@ -227,8 +268,10 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready,
         async_scheduling=async_on, max_logprobs=int(c.max_logprobs),
         structured_outputs_config=dict(c.structured_outputs_config or {}),
-        **_chat_and_metrics_settings(rt, settings))
-    print("yoco-serve: stopped", file=sys.stderr, flush=True)
+        **_chat_and_metrics_settings(rt, settings), **_media_settings(rt, settings))
+    # How many requests still hold image / audio items (0 unless one leaked: the serve tests read it).
+    live = sum(e.num_media_requests() for e in executors)
+    print(f"yoco-serve: stopped ({live} media requests live)", file=sys.stderr, flush=True)
     return 0
 
 

@@ -305,13 +305,10 @@ fn unknown_model_and_route_are_404s_in_the_envelope() {
     assert_eq!(st, 404);
     let v: Value = serde_json::from_str(&b).unwrap();
     assert_eq!(v["error"]["type"], "NotFoundError");
-    // Chat is served now (chat_http.rs); audio is the endpoint still answered with a 501.
+    // Transcriptions are served (media_http.rs): a JSON body is the Python server's 415.
     let (st, v) = s.json("/v1/audio/transcriptions", r#"{}"#);
-    assert_eq!(st, 501, "{v}");
-    assert!(v["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("--frontend python"));
+    assert_eq!(st, 415, "{v}");
+    assert_eq!(v["error"]["type"], "UnsupportedMediaTypeError");
     let (st, b) = s.get("/v1/models");
     assert_eq!(st, 200);
     let v: Value = serde_json::from_str(&b).unwrap();

@@ -12,6 +12,7 @@ mod completions_http;
 mod data_parallel;
 mod lifecycle;
 mod logprobs_http;
+mod media_http;
 mod structured_http;
 mod tool_parsers;
 mod tools_http;

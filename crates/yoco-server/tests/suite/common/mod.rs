@@ -96,6 +96,8 @@ pub struct Opts {
     pub grammar_limits: Option<CompileLimits>,
     /// JSON constraints without optional whitespace by default (`disable_any_whitespace`).
     pub compact_json: bool,
+    /// Images and audio: the media seam and limits (default: a text-only server).
+    pub media: Option<yoco_server::media::MediaConfig>,
 }
 
 impl Default for Opts {
@@ -119,6 +121,7 @@ impl Default for Opts {
             batched_tokens: 1024,
             grammar_limits: None,
             compact_json: false,
+            media: None,
         }
     }
 }
@@ -171,6 +174,9 @@ impl TestServer {
         cfg.structured.disable_any_whitespace = o.compact_json;
         if let Some(l) = o.grammar_limits {
             cfg.structured.limits = l;
+        }
+        if let Some(m) = o.media {
+            cfg.media = m;
         }
         if let Some(f) = o.cfg {
             f(&mut cfg);
