@@ -106,7 +106,12 @@ fn has_text(data: &[u8], chat: bool) -> bool {
 }
 
 /// One streamed request: (time to first token, completion tokens) or an error.
-async fn one(c: HttpClient, url: String, body: String, chat: bool) -> Result<(Duration, u64), String> {
+async fn one(
+    c: HttpClient,
+    url: String,
+    body: String,
+    chat: bool,
+) -> Result<(Duration, u64), String> {
     let t0 = Instant::now();
     let req = Request::post(url)
         .header("content-type", "application/json")

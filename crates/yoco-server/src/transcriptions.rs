@@ -6,22 +6,22 @@
 //! (`stream_include_usage`), then `[DONE]`. The body is bounded by `--max-request-body-bytes` (the
 //! router's limit) and the file by `--max-media-bytes`.
 
-use std::convert::Infallible;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::choice_channels::{await_finished, error_event, sse_event, sse_response, SseAnswer};
 
 use crate::app::AppState;
 use crate::completions::{now, uuid_like};
 use crate::media::{MediaError, TranscriptionAudio};
-use crate::openai::{usage, ApiError};
-use crate::output::{Event, Finished, StopReason};
+use crate::openai::{stop_reason, usage, ApiError};
+use crate::output::Event;
 use crate::params::{GenParams, SamplingFields};
 use crate::transcription_form as form;
 
@@ -203,9 +203,21 @@ async fn run(s: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     })?;
     let id = format!("trsc-{}", uuid_like());
     if stream {
-        return Ok(chunks(id, model, n_prompt, include_usage, rx));
+        let answer = TranscriptionStream {
+            id,
+            model,
+            created: now(),
+            n_prompt,
+            include_usage,
+            usage: None,
+            finished: false,
+        };
+        return Ok(sse_response(answer, vec![(0, rx)]));
     }
-    let f = final_event(rx).await?;
+    let (_, f) = await_finished(vec![(0, rx)])
+        .await?
+        .pop()
+        .expect("one choice");
     if as_text {
         return Ok((
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -219,107 +231,68 @@ async fn run(s: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     .into_response())
 }
 
-async fn final_event(mut rx: UnboundedReceiver<Event>) -> Result<Finished, ApiError> {
-    loop {
-        match rx.recv().await {
-            Some(Event::Finished(f)) => {
-                if let Some(e) = f.error {
-                    return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e));
-                }
-                return Ok(f);
-            }
-            Some(Event::Delta { .. }) => continue,
-            None => {
-                return Err(ApiError::status(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The engine stopped before the request finished.",
-                ))
-            }
-        }
-    }
-}
-
-fn stop_reason(f: &Finished) -> Value {
-    match &f.stop_reason {
-        Some(StopReason::Text(s)) => json!(s),
-        Some(StopReason::Token(t)) => json!(t),
-        None => Value::Null,
-    }
-}
-
-fn sse(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
-/// The SSE answer: one `transcription.chunk` per step with text, the last with the finish reason,
-/// the usage chunk when asked, `[DONE]`. Dropping it drops the channel (the request aborts).
-fn chunks(
+/// The streamed answer: one `transcription.chunk` per step with text, the last with the finish
+/// reason, the usage chunk when asked, `[DONE]`; an error event if the step failed or the engine
+/// stopped first.
+struct TranscriptionStream {
     id: String,
     model: String,
+    created: u64,
     n_prompt: u64,
     include_usage: bool,
-    rx: UnboundedReceiver<Event>,
-) -> Response {
-    let created = now();
-    let chunk = move |choices: Value, extra: Option<Value>| {
-        let mut c = json!({"id": id, "object": "transcription.chunk", "created": created,
-                           "model": model, "choices": choices});
-        if let Some(u) = extra {
+    /// The usage chunk's value, once the request finished without an error.
+    usage: Option<Value>,
+    finished: bool,
+}
+
+impl TranscriptionStream {
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut c = json!({"id": self.id, "object": "transcription.chunk", "created": self.created,
+                           "model": self.model, "choices": choices});
+        if let Some(u) = usage {
             c["usage"] = u;
         }
-        sse(&c)
-    };
-    let body = stream::unfold(Some(rx), move |rx| {
-        let chunk = chunk.clone();
-        async move {
-            let mut rx = rx?;
-            let mut out = Vec::new();
-            let mut done = false;
-            match rx.recv().await {
-                Some(Event::Delta { text, .. }) if !text.is_empty() => out.push(chunk(
-                    json!([{"delta": {"content": text}, "finish_reason": null, "stop_reason": null}]),
+        sse_event(&c)
+    }
+}
+
+impl SseAnswer for TranscriptionStream {
+    fn on_event(&mut self, _idx: usize, ev: Event, out: &mut VecDeque<Bytes>) {
+        match ev {
+            Event::Delta { text, .. } if !text.is_empty() => out.push_back(self.chunk(
+                json!([{"delta": {"content": text}, "finish_reason": null, "stop_reason": null}]),
+                None,
+            )),
+            Event::Delta { .. } => {}
+            Event::Finished(f) => {
+                self.finished = true;
+                if let Some(e) = &f.error {
+                    out.push_back(error_event(e));
+                    return;
+                }
+                out.push_back(self.chunk(
+                    json!([{"delta": {"content": f.text}, "finish_reason": f.reason.as_str(),
+                            "stop_reason": stop_reason(&f)}]),
                     None,
-                )),
-                Some(Event::Delta { .. }) => {}
-                Some(Event::Finished(f)) => {
-                    done = true;
-                    if let Some(e) = &f.error {
-                        let err = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.clone());
-                        out.push(sse(&err.body()));
-                    } else {
-                        out.push(chunk(
-                            json!([{"delta": {"content": f.text}, "finish_reason": f.reason.as_str(),
-                                    "stop_reason": stop_reason(&f)}]),
-                            None,
-                        ));
-                        if include_usage {
-                            let u = usage(n_prompt, f.completion_tokens as u64, 0);
-                            out.push(chunk(json!([]), Some(u)));
-                        }
-                    }
-                }
-                None => {
-                    done = true;
-                    let err = ApiError::status(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "The engine stopped before the request finished.",
-                    );
-                    out.push(sse(&err.body()));
+                ));
+                if self.include_usage {
+                    self.usage = Some(usage(self.n_prompt, f.completion_tokens as u64, 0));
                 }
             }
-            if done {
-                out.push(Bytes::from_static(b"data: [DONE]\n\n"));
-            }
-            let bytes: Bytes = out.concat().into();
-            Some((Ok::<Bytes, Infallible>(bytes), (!done).then_some(rx)))
         }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    }
+
+    fn finish(&mut self, out: &mut VecDeque<Bytes>) {
+        if !self.finished {
+            let err = ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The engine stopped before the request finished.",
+            );
+            out.push_back(sse_event(&err.body()));
+        }
+        if let Some(u) = self.usage.take() {
+            out.push_back(self.chunk(json!([]), Some(u)));
+        }
+        out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
 }
