@@ -139,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--disable-progress", action="store_true", help="no progress bar while weights load")
     p.add("--frontend", choices=("python", "rust"), default="python",
           help="python: the FastAPI server (every endpoint and feature); rust: the Rust front end and step loop "
-               "(crates/yoco-server: completions, chat, tools, structured outputs, logprobs, render/tokenize, "
-               "metrics; not yet images and audio)")
+               "(crates/yoco-server: completions, chat with images and audio, transcriptions, tools, structured "
+               "outputs, logprobs, render/tokenize, metrics)")
     p.add("--data-parallel-size", type=_pos_int, default=1,
           help="step loops (each with its own copy of the model and KV pool) behind one front end, requests "
                "dispatched by prefix overlap and load; needs --frontend rust")
