@@ -171,11 +171,7 @@ impl Scheduler {
         };
         let mm = mm_placeholders
             .into_iter()
-            .map(|(offset, length, identifier)| MmPlaceholder {
-                offset,
-                length,
-                identifier,
-            })
+            .map(MmPlaceholder::from)
             .collect();
         let inner = &mut self.inner;
         py.detach(|| inner.add_request_mm(req, mm)).map_err(to_py)

@@ -39,14 +39,7 @@ impl PyMediaSeam {
             .into_iter()
             .map(|t| u32::try_from(t).map_err(|_| MediaError::Internal(format!("token id {t}"))))
             .collect::<Result<Vec<_>, _>>()?;
-        let placeholders = places
-            .into_iter()
-            .map(|(offset, length, identifier)| MmPlaceholder {
-                offset,
-                length,
-                identifier,
-            })
-            .collect();
+        let placeholders = places.into_iter().map(MmPlaceholder::from).collect();
         Ok(Prepared {
             token_ids,
             media: MediaInputs {

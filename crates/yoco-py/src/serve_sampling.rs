@@ -127,7 +127,11 @@ pub(crate) fn read_output(r: &Bound<'_, PyAny>, out: &mut StepOutput) -> Result<
             .cast::<PyTuple>()
             .map_err(|_| bad("sample_logprobs must be a tuple"))?;
         let rows = s.get_item(0).map_err(|_| bad("sample_logprobs is empty"))?;
-        fill1::<i32>(&rows, "sample_logprobs rows (int32)", &mut out.sample_lp_rows)?;
+        fill1::<i32>(
+            &rows,
+            "sample_logprobs rows (int32)",
+            &mut out.sample_lp_rows,
+        )?;
         read_table(&slp, 1, "sample_logprobs", &mut out.sample_logprobs)?;
     }
     let plp = get(2)?;

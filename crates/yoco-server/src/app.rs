@@ -159,6 +159,26 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
+    /// Runs `call` on the blocking pool once a media slot is free, the slot held by the call itself.
+    pub(crate) async fn media_call<T: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> Result<T, crate::media::MediaError> + Send + 'static,
+    ) -> Result<T, crate::media::MediaError> {
+        use crate::media::MediaError;
+        let slot = self
+            .media_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| MediaError::Internal(e.to_string()))?;
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            call()
+        })
+        .await
+        .map_err(|e| MediaError::Internal(e.to_string()))?
+    }
+
     /// The served name a request's `model` field resolves to (404 for another).
     pub fn check_model(&self, model: Option<&str>) -> Result<String, ApiError> {
         match model {

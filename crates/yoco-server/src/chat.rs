@@ -24,13 +24,13 @@ use crate::chat_answer::{chat_final, chat_stream, ChatCtx};
 use crate::chat_protocol::{template_kwargs, template_messages, ChatCompletionRequest};
 use crate::completions::{now, uuid_like};
 use crate::logprobs_json::TokenText;
-use crate::media::{MediaError, MediaRef, Prepared};
+use crate::media::{MediaRef, Prepared};
 use crate::openai::ApiError;
 use crate::params::GenParams;
 use crate::structured::{compile, constraint_of};
 use crate::template::Conversation;
 use crate::tools::{plan_tools, tool_constraint, ToolPlan};
-use crate::validate::{check_n, encode_rendered, gen_params_for};
+use crate::validate::{check_n, check_rendered_len, encode_rendered, gen_params_for};
 
 pub(crate) async fn create(
     State(s): State<Arc<AppState>>,
@@ -172,35 +172,16 @@ async fn prepare_media(
             Some("truncate_prompt_tokens"),
         ));
     }
-    if text.len() > s.cfg.max_prompt_bytes() {
-        return Err(ApiError::bad(
-            format!(
-                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
-                 maximum context length",
-                text.len(),
-                s.cfg.max_model_len
-            ),
-            Some("messages"),
-        ));
-    }
+    check_rendered_len(s, &text)?;
     let seam = s
         .cfg
         .media
         .seam
         .clone()
         .expect("refs are only collected with a seam");
-    let slot = s
-        .media_slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|e| MediaError::Internal(e.to_string()))?;
-    let p = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        seam.prepare(&text, add_special_tokens, &refs)
-    })
-    .await
-    .map_err(|e| MediaError::Internal(e.to_string()))??;
+    let p = s
+        .media_call(move || seam.prepare(&text, add_special_tokens, &refs))
+        .await?;
     if p.token_ids.is_empty() {
         return Err(ApiError::bad(
             "the rendered conversation is empty",

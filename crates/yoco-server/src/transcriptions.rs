@@ -146,22 +146,13 @@ async fn run(s: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
         language,
         prompt: f.get("prompt").map(str::to_string),
     };
-    let slot = s
-        .media_slots
-        .clone()
-        .acquire_owned()
+    let prepared = s
+        .media_call(move || seam.transcription(&audio))
         .await
-        .map_err(|e| MediaError::Internal(e.to_string()))?;
-    let prepared = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        seam.transcription(&audio)
-    })
-    .await
-    .map_err(|e| MediaError::Internal(e.to_string()))?
-    .map_err(|e| match e {
-        MediaError::Bad(m) => ApiError::bad(m, Some("file")),
-        e => ApiError::from(e),
-    })?;
+        .map_err(|e| match e {
+            MediaError::Bad(m) => ApiError::bad(m, Some("file")),
+            e => ApiError::from(e),
+        })?;
     let n_prompt = prepared.token_ids.len() as u64;
     let left = s.cfg.max_model_len as i64 - n_prompt as i64;
     if left < 1 {

@@ -456,16 +456,8 @@ pub(crate) async fn encode_rendered(
             ))
         }
     };
-    if keep.is_none() && text.len() > s.cfg.max_prompt_bytes() {
-        return Err(ApiError::bad(
-            format!(
-                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
-                 maximum context length",
-                text.len(),
-                s.cfg.max_model_len
-            ),
-            Some("messages"),
-        ));
+    if keep.is_none() {
+        check_rendered_len(s, &text)?;
     }
     let (_, enc) = tokenize_off_workers(s, text).await?;
     let mut ids = enc.map_err(|e| {
@@ -493,4 +485,21 @@ pub(crate) async fn encode_rendered(
         }
     }
     Ok(ids)
+}
+
+/// A rendered conversation longer in bytes than any prompt of `max_model_len` tokens can be is
+/// refused before it is tokenized (a 400 naming `messages`).
+pub(crate) fn check_rendered_len(s: &AppState, text: &str) -> Result<(), ApiError> {
+    if text.len() > s.cfg.max_prompt_bytes() {
+        return Err(ApiError::bad(
+            format!(
+                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
+                 maximum context length",
+                text.len(),
+                s.cfg.max_model_len
+            ),
+            Some("messages"),
+        ));
+    }
+    Ok(())
 }

@@ -22,6 +22,17 @@ pub struct MmPlaceholder {
     pub identifier: String,
 }
 
+impl From<(u32, u32, String)> for MmPlaceholder {
+    /// `(offset, length, identifier)`, the bindings' tuple form.
+    fn from((offset, length, identifier): (u32, u32, String)) -> Self {
+        Self {
+            offset,
+            length,
+            identifier,
+        }
+    }
+}
+
 impl MmPlaceholder {
     /// One past the run's last token.
     pub fn end(&self) -> u64 {
