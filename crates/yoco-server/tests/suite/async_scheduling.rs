@@ -178,8 +178,7 @@ fn preemption_under_async_scheduling_changes_no_output() {
         assert_eq!(x["choices"][0]["text"], y["choices"][0]["text"]);
         assert_eq!(x["usage"]["completion_tokens"], 60);
     }
-    assert_eq!(a.metric("yoco:num_requests_running"), 0.0);
-    assert_eq!(a.metric("yoco:kv_cache_usage_perc"), 0.0, "no block leaked");
+    a.wait_idle_and_empty();
 }
 
 #[test]
@@ -351,8 +350,7 @@ fn structured_outputs_under_async_scheduling_are_valid_and_token_identical_to_sy
             );
         }
     }
-    assert_eq!(a.metric("yoco:num_requests_running"), 0.0);
-    assert_eq!(a.metric("yoco:kv_cache_usage_perc"), 0.0, "no block leaked");
+    a.wait_idle_and_empty();
 }
 
 #[test]

@@ -111,7 +111,7 @@ fn failed_step_fails_its_requests_and_the_engine_serves_the_next() {
     assert_eq!(v["usage"]["completion_tokens"], 4);
     assert_eq!(s.get("/health").0, 200);
     assert_eq!(s.metric("yoco:engine_failed_steps_total"), 1.0);
-    assert!(idle_and_empty(&s));
+    s.wait_idle_and_empty();
 }
 
 #[test]
@@ -192,7 +192,7 @@ fn memory_pressure_preempts_without_changing_any_output() {
         let (_, alone) = solo.json("/v1/completions", b);
         assert_eq!(v["choices"][0]["text"], alone["choices"][0]["text"]);
     }
-    assert!(idle_and_empty(&s));
+    s.wait_idle_and_empty();
 }
 
 #[test]
@@ -241,5 +241,5 @@ fn storm_of_requests_with_disconnects_leaks_nothing() {
             .sum();
         done == plan.len() as f64
     });
-    s.wait_for("an idle, empty engine", idle_and_empty);
+    s.wait_idle_and_empty();
 }

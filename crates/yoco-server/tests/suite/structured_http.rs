@@ -217,8 +217,7 @@ fn constrained_completions_stay_valid_under_n_batching_and_preemption() {
         assert_eq!(*st, 200, "{v}");
         assert_eq!(v["usage"]["completion_tokens"], 80);
     }
-    s.wait_for("idle", |s| s.metric("yoco:num_requests_running") == 0.0);
-    assert_eq!(s.metric("yoco:kv_cache_usage_perc"), 0.0);
+    s.wait_idle_and_empty();
 }
 
 #[test]

@@ -274,6 +274,17 @@ impl TestServer {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+
+    /// Waits until no request runs or waits and no KV block is held. The loop sets these gauges
+    /// after the step that sent the last answer, so a client can read `/metrics` before they
+    /// settle: a leak check must wait for them, not sample them once.
+    pub fn wait_idle_and_empty(&self) {
+        self.wait_for("an idle, empty engine (no request, no KV block)", |s| {
+            s.metric("yoco:num_requests_running") == 0.0
+                && s.metric("yoco:num_requests_waiting") == 0.0
+                && s.metric("yoco:kv_cache_usage_perc") == 0.0
+        });
+    }
 }
 
 impl Drop for TestServer {
