@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::choice_channels::{await_finished, error_event, sse_response, SseAnswer, Subs};
+use crate::choice_channels::{await_finished, chunk, error_event, sse_response, SseAnswer, Subs};
 use crate::delta_chunk::DeltaChunk;
 use crate::logprobs_json::{echo_and_output, prompt_logprobs_json, CompletionLogprobs, TokenText};
 use crate::openai::{stop_reason, usage, ApiError};
@@ -59,16 +59,14 @@ impl Ctx {
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({"id": self.id, "object": "text_completion", "created": self.created,
-                           "model": self.model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        let mut out = Vec::with_capacity(256);
-        out.extend_from_slice(b"data: ");
-        serde_json::to_writer(&mut out, &v).expect("JSON of plain values");
-        out.extend_from_slice(b"\n\n");
-        Bytes::from(out)
+        chunk(
+            "text_completion",
+            &self.id,
+            &self.model,
+            self.created,
+            choices,
+            usage,
+        )
     }
 }
 

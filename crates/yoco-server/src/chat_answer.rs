@@ -18,9 +18,7 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::choice_channels::{
-    await_finished, error_event, sse_event, sse_response, SseAnswer, Subs,
-};
+use crate::choice_channels::{await_finished, chunk, error_event, sse_response, SseAnswer, Subs};
 use crate::delta_chunk::DeltaChunk;
 use crate::logprobs::TokenLogprob;
 use crate::logprobs_json::{chat_logprobs, prompt_logprobs_json, TokenText};
@@ -56,12 +54,14 @@ impl ChatCtx {
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut v = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                           "model": self.model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        sse_event(&v)
+        chunk(
+            "chat.completion.chunk",
+            &self.id,
+            &self.model,
+            self.created,
+            choices,
+            usage,
+        )
     }
 
     /// A text delta is its chunk's only content: no logprobs asked, no tools in play (the

@@ -13,7 +13,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, SelectAll, StreamExt};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::openai::ApiError;
@@ -29,6 +29,24 @@ pub(crate) fn sse_event(v: &Value) -> Bytes {
     serde_json::to_writer(&mut out, v).expect("JSON of plain values");
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+/// One streamed chunk of `object` (`text_completion`, `chat.completion.chunk`,
+/// `transcription.chunk`): the three streams differ only in that name.
+pub(crate) fn chunk(
+    object: &str,
+    id: &str,
+    model: &str,
+    created: u64,
+    choices: Value,
+    usage: Option<Value>,
+) -> Bytes {
+    let mut v = json!({"id": id, "object": object, "created": created, "model": model,
+                       "choices": choices});
+    if let Some(u) = usage {
+        v["usage"] = u;
+    }
+    sse_event(&v)
 }
 
 /// The error event of a step that failed after the 200 was sent (the envelope, as a chunk).

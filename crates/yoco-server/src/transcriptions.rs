@@ -15,7 +15,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::choice_channels::{await_finished, error_event, sse_event, sse_response, SseAnswer};
+use crate::choice_channels::{
+    await_finished, chunk, error_event, sse_event, sse_response, SseAnswer,
+};
 
 use crate::app::AppState;
 use crate::completions::{now, uuid_like};
@@ -238,12 +240,14 @@ struct TranscriptionStream {
 
 impl TranscriptionStream {
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
-        let mut c = json!({"id": self.id, "object": "transcription.chunk", "created": self.created,
-                           "model": self.model, "choices": choices});
-        if let Some(u) = usage {
-            c["usage"] = u;
-        }
-        sse_event(&c)
+        chunk(
+            "transcription.chunk",
+            &self.id,
+            &self.model,
+            self.created,
+            choices,
+            usage,
+        )
     }
 }
 
