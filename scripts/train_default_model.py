@@ -234,6 +234,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=576)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--qnorm-init", type=float, default=0.0,
+                    help="q_norm weight at init (0: HF's 1.0, what the bundled weights used; 0.177 = head_dim**-0.5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine two threads thrash; the result depends on it)")
@@ -263,6 +265,12 @@ def main() -> None:
         for name, p in model.named_parameters():
             if "correct_output_scale" in name:
                 p.fill_(0.1)
+            # Opt-in (issue 18's retrieval work, see scripts/recall_experiment.py): Gemma 3n attends
+            # with scaling 1.0 on RMS-normed q and k, so HF's init (q_norm weight 1) gives logits of
+            # std sqrt(head_dim) ~ 5.7, a near-one-hot random softmax at init (entropy ~0.9 nats over
+            # 64-128 keys); q_norm at head_dim**-0.5 is the usual 1/sqrt(d) scale (entropy ~3.8).
+            if args.qnorm_init and name.endswith("self_attn.q_norm.weight"):
+                p.fill_(args.qnorm_init)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
