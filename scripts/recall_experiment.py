@@ -215,20 +215,7 @@ def main():
     cfg = Gemma3nTextConfig(**tdm.MODEL)
     cfg._attn_implementation = "sdpa"
     model = Gemma3nForCausalLM(cfg)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "correct_output_scale" in n:
-                p.fill_(0.1)
-            # Gemma 3n attends with scaling 1.0 on RMS-normed q and k, so HF's init (norm weights 1)
-            # gives logits of std sqrt(head_dim) ~ 5.7: a saturated, random, near-one-hot softmax
-            # whose gradient barely moves the attention pattern. Starting q_norm at head_dim^-0.5 is
-            # the usual 1/sqrt(d) scale at init (std ~1), still a learned parameter.
-            if args.qnorm_init and n.endswith("self_attn.q_norm.weight"):
-                p.fill_(args.qnorm_init)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = tdm.init_and_optimizer(model, args.lr, args.qnorm_init)
     rows = Rows(tok, docs, keys, values, args.seed, args)
     pr = [json.loads(line) for line in open(os.path.join(ROOT, "evals", "data", "recall.jsonl"))]
     by_mult = {m: [r for r in pr if r["multiple"] == m][: args.probe_n] for m in (2, 4, 8)}

@@ -226,6 +226,28 @@ def lr_at(step, steps, peak, warmup):
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def init_and_optimizer(model, lr: float, qnorm_init: float = 0.0):
+    """Adjusts HF's initialization in place and returns the AdamW optimizer (weight decay on matrices
+    only); shared with ``recall_experiment.py`` so its runs start exactly as this script's."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # HF's init zeroes the per-layer-input branch's scale; start it small but non-zero so PLE learns.
+            if "correct_output_scale" in name:
+                p.fill_(0.1)
+            # Opt-in (issue 18's retrieval work, see scripts/recall_experiment.py): Gemma 3n attends
+            # with scaling 1.0 on RMS-normed q and k, so HF's init (q_norm weight 1) gives logits of
+            # std sqrt(head_dim) ~ 5.7, a near-one-hot random softmax at init (entropy ~0.9 nats over
+            # 64-128 keys); q_norm at head_dim**-0.5 is the usual 1/sqrt(d) scale (entropy ~3.8).
+            if qnorm_init and name.endswith("self_attn.q_norm.weight"):
+                p.fill_(qnorm_init)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "python", "yoco_rs", "default_model"))
@@ -260,21 +282,7 @@ def main() -> None:
 
     model = Gemma3nForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    # HF's init zeroes the per-layer-input branch's scale; start it small but non-zero so PLE learns.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "correct_output_scale" in name:
-                p.fill_(0.1)
-            # Opt-in (issue 18's retrieval work, see scripts/recall_experiment.py): Gemma 3n attends
-            # with scaling 1.0 on RMS-normed q and k, so HF's init (q_norm weight 1) gives logits of
-            # std sqrt(head_dim) ~ 5.7, a near-one-hot random softmax at init (entropy ~0.9 nats over
-            # 64-128 keys); q_norm at head_dim**-0.5 is the usual 1/sqrt(d) scale (entropy ~3.8).
-            if args.qnorm_init and name.endswith("self_attn.q_norm.weight"):
-                p.fill_(args.qnorm_init)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = init_and_optimizer(model, args.lr, args.qnorm_init)
     batches = Batches(tok, docs, args.seq, args.seed)
     print(f"model: {n_params} parameters; recall words: {len(batches.keys)} keys, {len(batches.values)} values",
           flush=True)
