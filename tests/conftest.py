@@ -52,3 +52,10 @@ def _register_tiny_mm():
 
 
 tiny_mm = _register_tiny_mm()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the shared servers (``serve_helpers``) while worker threads can still run their shutdown."""
+    helpers = sys.modules.get("serve_helpers")
+    if helpers is not None:
+        helpers.stop_shared()

@@ -1,9 +1,15 @@
 """A live yoco-serve for tests: the real ``AsyncEngine`` on the bundled tiny model behind uvicorn, in a
-background thread, on a socket bound to a free 127.0.0.1 port. One shared instance per test process
-(loading takes seconds); tests that need other settings start their own."""
+background thread, on a socket bound to a free 127.0.0.1 port; or the Rust front end
+(``--frontend rust``) as a subprocess with the same settings. One shared instance of each per test
+process (loading takes seconds); tests that need other settings start their own.
+
+The black-box suites (hostile input, bad input, fuzzing, the openai client, load, metrics) run against
+both front ends (``each_frontend``): they are the contract the Rust server must meet before the FastAPI
+one is retired. ``YOCO_TEST_FRONTENDS=python`` (or ``rust``) runs one."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -88,36 +94,51 @@ class LiveServer:
         raise AssertionError(f"server not idle after {timeout} s: running/waiting/blocks_used = {busy}, "
                              f"unfinished streams = {self.engine.num_unfinished_requests}")
 
+    def alive(self) -> bool:
+        """The engine still serves (a bad request did not kill it)."""
+        return not self.engine.is_dead
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=60)
 
 
-_shared: Optional[LiveServer] = None
+FRONTENDS = tuple(os.environ.get("YOCO_TEST_FRONTENDS", "python,rust").split(","))
+_shared: dict = {}
 
 
-def shared_server() -> LiveServer:
-    """The process-wide server: API key ``test-key``, 1 MiB body limit, max_model_len 256. Test modules
-    use it through a session-scoped fixture whose teardown calls ``stop_shared`` (before interpreter
-    exit, when the engine's shutdown can still use worker threads)."""
-    global _shared
-    if _shared is None:
-        _shared = LiveServer(api_keys=[API_KEY], max_request_body_bytes=SHARED_LIMIT,
-                             served_model_names=["yoco-tiny", "tiny-alias"])
-    return _shared
+def shared_server(frontend: str = "python"):
+    """The process-wide server of ``frontend``: API key ``test-key``, 1 MiB body limit, max_model_len 256,
+    served as ``yoco-tiny`` and ``tiny-alias``. Test modules use it through a session-scoped fixture
+    whose teardown calls ``stop_shared`` (before interpreter exit, when the engine's shutdown can still
+    use worker threads)."""
+    if frontend not in _shared:
+        if frontend == "python":
+            _shared[frontend] = LiveServer(api_keys=[API_KEY], max_request_body_bytes=SHARED_LIMIT,
+                                           served_model_names=["yoco-tiny", "tiny-alias"])
+        else:
+            _shared[frontend] = RustServer(
+                "--max-model-len", "256", "--kv-cache-memory", str(SHARED_ENGINE["kv_cache_memory"]),
+                "--max-num-seqs", "32", "--seed", "0", "--api-key", API_KEY,
+                "--max-request-body-bytes", str(SHARED_LIMIT), "--served-model-name", "yoco-tiny", "tiny-alias")
+    return _shared[frontend]
 
 
 def stop_shared() -> None:
-    global _shared
-    if _shared is not None:
-        _shared.stop()
-        _shared = None
+    while _shared:
+        _shared.popitem()[1].stop()
 
 
 def shared_fixture():
     s = shared_server()
     yield s
     stop_shared()
+
+
+def each_frontend(request):
+    """A session fixture's body, parametrized over ``FRONTENDS``: the shared server of each front end.
+    The servers stay up until the session ends (``conftest``'s ``pytest_sessionfinish``)."""
+    return shared_server(request.param)
 
 
 class CliServer:
@@ -156,3 +177,43 @@ class CliServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+class RustServer(CliServer):
+    """``yoco-serve --frontend rust`` as a subprocess, with ``LiveServer``'s test interface (``url``,
+    ``headers``, ``metrics``, ``wait_idle``, ``alive``, ``stop``); ``engine`` is None (black-box only)."""
+
+    engine = None
+
+    def __init__(self, *flags: str, api_key: Optional[str] = API_KEY):
+        import types
+        super().__init__("--frontend", "rust", *flags)
+        self.port = int(self.url.rsplit(":", 1)[-1])
+        self.settings = types.SimpleNamespace(api_keys=[api_key] if api_key else [])
+
+    headers = LiveServer.headers
+    metrics = LiveServer.metrics
+    metric = LiveServer.metric
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and httpx.get(self.url + "/health", timeout=10).status_code == 200
+
+    def wait_idle(self, timeout: float = 30.0) -> dict:
+        """Wait until no request runs or waits and no KV block is referenced; returns the metrics."""
+        deadline, busy = time.monotonic() + timeout, []
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            busy = [m.get((n, frozenset()), 0) for n in
+                    ("yoco:num_requests_running", "yoco:num_requests_waiting", "yoco:kv_blocks_used")]
+            if not any(busy):
+                return m
+            time.sleep(0.05)
+        raise AssertionError(f"server not idle after {timeout} s: running/waiting/blocks_used = {busy}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:
+                self.kill()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serve_helpers import shared_fixture
+from serve_helpers import FRONTENDS, each_frontend
 
-srv = pytest.fixture(scope="session")(shared_fixture)
+srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
 

@@ -6,9 +6,9 @@ import json
 import httpx
 import pytest
 
-from serve_helpers import API_KEY, SHARED_LIMIT, shared_fixture
+from serve_helpers import API_KEY, SHARED_LIMIT, FRONTENDS, each_frontend
 
-srv = pytest.fixture(scope="session")(shared_fixture)
+srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
@@ -173,5 +173,5 @@ def test_bad_input_never_hurts_the_engine(srv):
     for case in CASES[:10]:
         _post(srv, case[1], case[2])
     assert httpx.get(srv.url + "/health").status_code == 200
-    assert not srv.engine.is_dead
+    assert srv.alive()
     assert_still_serving(srv)

@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 
-from serve_helpers import API_KEY, shared_fixture
+from serve_helpers import API_KEY, FRONTENDS, each_frontend
 
-srv = pytest.fixture(scope="session")(shared_fixture)
+srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
 PREFIX = "You are a helpful assistant. Answer the question below briefly and precisely. "
 

@@ -5,9 +5,9 @@ import httpx
 import openai
 import pytest
 
-from serve_helpers import API_KEY, shared_fixture
+from serve_helpers import API_KEY, FRONTENDS, each_frontend
 
-srv = pytest.fixture(scope="session")(shared_fixture)
+srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
 
 @pytest.fixture(scope="module")

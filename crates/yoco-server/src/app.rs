@@ -6,7 +6,6 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -248,16 +247,19 @@ pub fn try_router(
         .route("/v1/completions/render", post(render::completion))
         .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/audio/transcriptions", post(transcriptions::create))
-        .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    // Authentication covers `/v1/*` only, as vLLM's and the Python server's: the tokenizer
+    // endpoints (which a router calls for prefix matching) and the probes stay open.
     let mut app = Router::new()
         .merge(api)
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(health))
         .route("/ping", get(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(json_only))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), count_http));
@@ -333,7 +335,7 @@ async fn json_only(req: Request, next: Next) -> Response {
                 return ApiError::status(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     format!(
-                        "Content-Type {shown:?} is not supported: send the body as JSON with \
+                        "Content-Type '{shown}' is not supported: send the body as JSON with \
                              'Content-Type: application/json'"
                     ),
                 )
@@ -348,17 +350,30 @@ async fn auth(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Respo
     if s.cfg.api_keys.is_empty() {
         return next.run(req).await;
     }
-    let ok = req
+    if req.method() == axum::http::Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let token = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|k| s.cfg.api_keys.iter().any(|a| a == k));
-    if ok {
-        next.run(req).await
-    } else {
-        ApiError::status(StatusCode::UNAUTHORIZED, "Invalid or missing API key.").into_response()
+        .map(|v| v.as_bytes())
+        .filter(|v| v.len() >= 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+        .map(|v| v[7..].trim_ascii())
+        .unwrap_or_default();
+    if !token.is_empty() && s.cfg.api_keys.iter().any(|a| a.as_bytes() == token) {
+        return next.run(req).await;
     }
+    let msg = if token.is_empty() {
+        "Missing API key: send 'Authorization: Bearer <key>'"
+    } else {
+        "Invalid API key"
+    };
+    let mut r = ApiError::status(StatusCode::UNAUTHORIZED, msg).into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    r
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
@@ -412,23 +427,19 @@ async fn metrics_text(State(s): State<Arc<AppState>>) -> Response {
 async fn not_found(req: Request) -> Response {
     ApiError::status(
         StatusCode::NOT_FOUND,
-        format!("Not found: {} {}", req.method(), req.uri().path()),
+        format!("no route {} {}", req.method(), req.uri().path()),
     )
     .into_response()
 }
 
-/// A request body as JSON of type `T`, or the 400/413/415 that says why not.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        let status = e.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::status(status, "The request body is too large.")
-        } else {
-            ApiError::bad(format!("Could not read the request body: {e}"), None)
-        }
-    })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad(format!("The request body is not valid: {e}"), None))
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+    .into_response()
 }

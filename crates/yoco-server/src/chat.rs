@@ -19,7 +19,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::app::{parse_json, AppState};
+use crate::app::AppState;
+use crate::body::parse_json;
+use crate::body_fields::CHAT;
 use crate::chat_answer::{chat_final, chat_stream, ChatCtx};
 use crate::chat_protocol::{template_kwargs, template_messages, ChatCompletionRequest};
 use crate::completions::{now, uuid_like};
@@ -72,10 +74,18 @@ pub(crate) async fn chat_inputs(
     let text = render(s, req, Some(&tools), media_on.then_some(&mut refs)).await?;
     let add_special = req.add_special_tokens.unwrap_or(false);
     let (ids, media) = if refs.is_empty() {
-        let ids = encode_rendered(s, text, add_special, req.truncate_prompt_tokens).await?;
+        let ids =
+            encode_rendered(s, text, add_special, req.sampling.truncate_prompt_tokens).await?;
         (ids, None)
     } else {
-        let p = prepare_media(s, text, add_special, refs, req.truncate_prompt_tokens).await?;
+        let p = prepare_media(
+            s,
+            text,
+            add_special,
+            refs,
+            req.sampling.truncate_prompt_tokens,
+        )
+        .await?;
         (p.token_ids, Some(p.media))
     };
     let view = req.sampling_view(s.cfg.max_logprobs)?;
@@ -199,7 +209,7 @@ fn kwargs_template(kw: Option<&minijinja::Value>) -> Option<String> {
 }
 
 async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatCompletionRequest = parse_json(body)?;
+    let req: ChatCompletionRequest = parse_json(&s, body, &CHAT)?;
     let inputs = chat_inputs(&s, &req).await?;
     s.front.observe_params(inputs.n, inputs.params.max_tokens);
     let mut subs = Vec::with_capacity(inputs.n as usize);

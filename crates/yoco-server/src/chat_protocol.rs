@@ -55,9 +55,6 @@ pub struct ChatCompletionRequest {
     /// Extra template variables.
     #[serde(default)]
     pub chat_template_kwargs: Option<Value>,
-    /// Keep the last k prompt tokens (-1: the context length).
-    #[serde(default)]
-    pub truncate_prompt_tokens: Option<i64>,
     /// Refused for chat (as the Python server does).
     #[serde(default)]
     pub echo: Option<bool>,
@@ -85,39 +82,6 @@ pub struct ChatCompletionRequest {
     pub rest: serde_json::Map<String, Json>,
 }
 
-/// Fields the Rust front end refuses by name: `(field, applies when the value is...)`: what the
-/// Python server refuses for chat too.
-fn is_set(v: &Json) -> bool {
-    !v.is_null()
-}
-
-fn is_nonempty(v: &Json) -> bool {
-    !(v.is_null()
-        || v.as_array().is_some_and(|a| a.is_empty())
-        || v.as_object().is_some_and(|o| o.is_empty())
-        || v.as_str() == Some(""))
-}
-
-type Check = fn(&Json) -> bool;
-
-const NEVER: &str = "is not supported by yoco-serve";
-
-const REFUSED: [(&str, Check, &str); 9] = [
-    ("functions", is_nonempty, NEVER),
-    ("function_call", is_set, NEVER),
-    ("logit_bias", is_nonempty, NEVER),
-    ("allowed_token_ids", is_nonempty, NEVER),
-    ("bad_words", is_nonempty, NEVER),
-    ("audio", is_set, NEVER),
-    ("prediction", is_set, NEVER),
-    ("web_search_options", is_set, NEVER),
-    (
-        "modalities",
-        |v| is_set(v) && v != &serde_json::json!(["text"]),
-        NEVER,
-    ),
-];
-
 impl ChatCompletionRequest {
     /// A 400 naming the first field this front end does not serve, before any work is done.
     pub(crate) fn refused(&self) -> Result<(), ApiError> {
@@ -133,29 +97,7 @@ impl ChatCompletionRequest {
                 Some("top_logprobs"),
             ));
         }
-        for (name, set, why) in REFUSED {
-            if self.rest.get(name).is_some_and(set) {
-                return Err(ApiError::bad(format!("{name} {why}"), Some(name)));
-            }
-        }
-        if let Some(b) = self.rest.get("best_of").filter(|v| !v.is_null()) {
-            let n = self.sampling.n.unwrap_or(1);
-            if b.as_i64() != Some(n) {
-                return Err(ApiError::bad(
-                    format!(
-                        "best_of is not supported (it must equal n={n} or be omitted), got {b}"
-                    ),
-                    Some("best_of"),
-                ));
-            }
-        }
-        if self.sampling.stream_options.is_some() && self.sampling.stream != Some(true) {
-            return Err(ApiError::bad(
-                "stream_options is only allowed when stream is true",
-                Some("stream_options"),
-            ));
-        }
-        Ok(())
+        crate::refused::refuse(&self.rest, &self.sampling, true)
     }
 
     /// The sampling fields as the completions validator reads them (`max_completion_tokens` wins
@@ -179,13 +121,11 @@ impl ChatCompletionRequest {
             prompt: None,
             echo: None,
             logprobs,
-            best_of: None,
-            suffix: None,
-            logit_bias: None,
             sampling: SamplingRequest {
                 max_tokens,
                 ..self.sampling.clone()
             },
+            rest: serde_json::Map::new(),
         })
     }
 }

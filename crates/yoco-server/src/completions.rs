@@ -17,12 +17,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::answer::{final_response, stream_response, Ctx};
-use crate::app::{parse_json, AppState};
+use crate::app::AppState;
+use crate::body::parse_json;
+use crate::body_fields::COMPLETION;
 use crate::logprobs_json::TokenText;
 use crate::openai::{ApiError, CompletionRequest};
 use crate::params::GenParams;
 use crate::structured::{compile, constraint_of};
-use crate::validate::{check_n, gen_params, prompts, refuse_unserved, Prompt};
+use crate::validate::{check_n, gen_params, prompts, truncate_keep, Prompt};
 
 pub(crate) async fn create(
     State(s): State<Arc<AppState>>,
@@ -42,9 +44,10 @@ pub(crate) async fn completion_inputs(
 ) -> Result<(String, Vec<Prompt>, Vec<GenParams>, u32), ApiError> {
     let model = s.check_model(req.model.as_deref())?;
     s.ensure_serving()?;
-    refuse_unserved(req)?;
+    crate::refused::refuse(&req.rest, &req.sampling, false)?;
     let n = check_n(s, req.sampling.n)?;
-    let prompts = prompts(s, req.prompt.clone()).await?;
+    let keep = truncate_keep(s, req.sampling.truncate_prompt_tokens)?;
+    let prompts = prompts(s, req.prompt.clone(), keep).await?;
     let stream = req.sampling.stream.unwrap_or(false);
     let params: Vec<GenParams> = prompts
         .iter()
@@ -54,7 +57,7 @@ pub(crate) async fn completion_inputs(
 }
 
 async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse_json(body)?;
+    let req: CompletionRequest = parse_json(&s, body, &COMPLETION)?;
     let (model, prompts, mut params, n) = completion_inputs(&s, &req).await?;
     let stream = req.sampling.stream.unwrap_or(false);
     s.front.observe_params(n, params[0].max_tokens);

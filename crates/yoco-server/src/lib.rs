@@ -29,6 +29,8 @@
 
 mod answer;
 pub mod app;
+mod body;
+mod body_fields;
 mod chat;
 mod chat_answer;
 mod chat_media;
@@ -54,6 +56,7 @@ pub mod output;
 pub mod params;
 mod pyjson;
 pub mod pylit;
+mod refused;
 mod render;
 mod signal;
 pub mod stats;

@@ -164,6 +164,9 @@ pub struct SamplingRequest {
     /// vLLM's: logprobs of each prompt position, with this many alternatives.
     #[serde(default)]
     pub prompt_logprobs: Option<i64>,
+    /// vLLM's: keep the last k prompt tokens (-1: the context length).
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's: logprob tokens as `token_id:N`.
     #[serde(default)]
     pub return_tokens_as_token_ids: Option<bool>,
@@ -225,18 +228,12 @@ pub struct CompletionRequest {
     /// Logprobs of each sampled token, with this many most likely alternatives.
     #[serde(default)]
     pub logprobs: Option<i64>,
-    /// Best-of (not served).
-    #[serde(default)]
-    pub best_of: Option<Value>,
-    /// Suffix (not served).
-    #[serde(default)]
-    pub suffix: Option<Value>,
-    /// Logit bias (not served yet).
-    #[serde(default)]
-    pub logit_bias: Option<Value>,
     /// The fields shared with chat.
     #[serde(flatten)]
     pub sampling: SamplingRequest,
+    /// Every other field, checked by name in [`crate::refused::refuse`].
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
 /// OpenAI's `usage`, with the prefix-cache hit as `prompt_tokens_details.cached_tokens`.

@@ -17,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::app::{parse_json, AppState};
+use crate::app::AppState;
+use crate::body::parse_json;
+use crate::body_fields::{CHAT, COMPLETION};
 use crate::chat::chat_inputs;
 use crate::chat_protocol::ChatCompletionRequest;
 use crate::completions::{completion_inputs, uuid_like};
@@ -75,7 +77,7 @@ pub(crate) async fn completion(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
-        let req: CompletionRequest = parse_json(body)?;
+        let req: CompletionRequest = parse_json(&s, body, &COMPLETION)?;
         let (model, _, params, n) = completion_inputs(&s, &req).await?;
         let rid = format!("cmpl-{}", uuid_like());
         let one = params.len() == 1;
@@ -102,7 +104,7 @@ pub(crate) async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
-        let req: ChatCompletionRequest = parse_json(body)?;
+        let req: ChatCompletionRequest = parse_json(&s, body, &CHAT)?;
         let inputs = chat_inputs(&s, &req).await?;
         let rid = format!("chatcmpl-{}", uuid_like());
         let view = req.sampling_view(s.cfg.max_logprobs)?;

@@ -14,11 +14,13 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::{parse_json, AppState};
+use crate::app::AppState;
+use crate::body::parse_json;
+use crate::body_fields::{ANY_OBJECT, CHAT, DETOKENIZE, TOKENIZE_TEXT};
 use crate::chat::render;
 use crate::chat_protocol::ChatCompletionRequest;
 use crate::openai::ApiError;
-use crate::validate::encode_rendered;
+use crate::validate::{encode_rendered, too_long};
 
 #[derive(Deserialize)]
 struct Probe {
@@ -62,11 +64,11 @@ async fn run_tokenize(
 ) -> Result<Response, ApiError> {
     let bytes = match body {
         Ok(b) => b,
-        Err(e) => return parse_json::<Probe>(Err(e)).map(|_| unreachable!()),
+        Err(e) => return parse_json::<Probe>(&s, Err(e), &ANY_OBJECT).map(|_| unreachable!()),
     };
-    let probe: Probe = parse_json(Ok(bytes.clone()))?;
+    let probe: Probe = parse_json(&s, Ok(bytes.clone()), &ANY_OBJECT)?;
     let (ids, strs) = if probe.messages.is_some() {
-        let req: ChatCompletionRequest = parse_json(Ok(bytes))?;
+        let req: ChatCompletionRequest = parse_json(&s, Ok(bytes), &CHAT)?;
         s.check_model(req.model.as_deref())?;
         s.ensure_serving()?;
         let text = render(&s, &req, None, None).await?;
@@ -79,7 +81,7 @@ async fn run_tokenize(
                 .unwrap_or(false),
         )
     } else {
-        let req: TextRequest = parse_json(Ok(bytes))?;
+        let req: TextRequest = parse_json(&s, Ok(bytes), &TOKENIZE_TEXT)?;
         s.check_model(req.model.as_deref())?;
         s.ensure_serving()?;
         let text = req.prompt.ok_or_else(|| {
@@ -89,14 +91,7 @@ async fn run_tokenize(
             )
         })?;
         if text.len() > s.cfg.max_prompt_bytes() {
-            return Err(ApiError::bad(
-                format!(
-                    "prompt is too long: {} bytes make more than {} tokens, this model's maximum context length",
-                    text.len(),
-                    s.cfg.max_model_len
-                ),
-                Some("prompt"),
-            ));
+            return Err(too_long("prompt", &text, s.cfg.max_model_len, "prompt"));
         }
         let add = req.add_special_tokens.unwrap_or(true);
         let ids = if text.is_empty() {
@@ -125,7 +120,7 @@ pub(crate) async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let run = async {
-        let req: IdsRequest = parse_json(body)?;
+        let req: IdsRequest = parse_json(&s, body, &DETOKENIZE)?;
         s.check_model(req.model.as_deref())?;
         s.ensure_serving()?;
         let tokens = req

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use serde_json::json;
 
 use crate::app::AppState;
 use crate::openai::{ApiError, CompletionRequest, PromptInput, StopInput};
@@ -19,31 +18,6 @@ const INLINE_TOKENIZE_BYTES: usize = 4096;
 pub(crate) struct Prompt {
     pub ids: Vec<u32>,
     pub text: Option<String>,
-}
-
-pub(crate) fn refuse_unserved(req: &CompletionRequest) -> Result<(), ApiError> {
-    let fields: [(&str, bool); 3] = [
-        (
-            "best_of",
-            req.best_of
-                .as_ref()
-                .is_some_and(|v| !v.is_null() && v != &json!(1)),
-        ),
-        ("suffix", req.suffix.as_ref().is_some_and(|v| !v.is_null())),
-        (
-            "logit_bias",
-            req.logit_bias.as_ref().is_some_and(|v| !v.is_null()),
-        ),
-    ];
-    for (name, set) in fields {
-        if set {
-            return Err(ApiError::bad(
-                format!("{name} is not supported by the Rust front end yet; use yoco-serve's default server"),
-                Some(name),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `logprobs` / `prompt_logprobs`: an integer in `[0, max_logprobs]` (the Python server's wording).
@@ -66,9 +40,12 @@ pub(crate) fn logprobs_field(
     }
 }
 
+/// The request's prompts as ids, each cut to its last `keep` tokens when `truncate_prompt_tokens`
+/// asks (a text is then tokenized from its tail only, so a long text is not refused for length).
 pub(crate) async fn prompts(
     s: &Arc<AppState>,
     input: Option<PromptInput>,
+    keep: Option<usize>,
 ) -> Result<Vec<Prompt>, ApiError> {
     let input = input.ok_or_else(|| ApiError::bad("prompt is required", Some("prompt")))?;
     let max = s.cfg.max_prompts_per_request as usize;
@@ -91,10 +68,10 @@ pub(crate) async fn prompts(
     }
     let mut out = Vec::with_capacity(count);
     match input {
-        PromptInput::Text(t) => out.push(encode(s, t, "prompt").await?),
+        PromptInput::Text(t) => out.push(encode(s, t, "prompt", keep).await?),
         PromptInput::Texts(ts) => {
             for (i, t) in ts.into_iter().enumerate() {
-                out.push(encode(s, t, &format!("prompt[{i}]")).await?);
+                out.push(encode(s, t, &format!("prompt[{i}]"), keep).await?);
             }
         }
         PromptInput::Ids(ids) => out.push(check_ids(s, ids, "prompt")?),
@@ -104,7 +81,7 @@ pub(crate) async fn prompts(
             }
         }
     }
-    Ok(out)
+    Ok(out.into_iter().map(|p| truncated(p, keep)).collect())
 }
 
 /// Tokenizes `text` (no special tokens) and hands it back with its ids. A text over
@@ -133,24 +110,33 @@ async fn tokenize_off_workers(
     .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
-async fn encode(s: &Arc<AppState>, text: String, wher: &str) -> Result<Prompt, ApiError> {
+async fn encode(
+    s: &Arc<AppState>,
+    mut text: String,
+    wher: &str,
+    keep: Option<usize>,
+) -> Result<Prompt, ApiError> {
     if text.is_empty() {
         return Err(ApiError::bad(
             format!("{wher} is empty: give at least one character or token id"),
             Some("prompt"),
         ));
     }
-    // A token is at least one byte: a text with more bytes than 32 x the context cannot fit; refusing
-    // it before tokenizing keeps a huge body from occupying a worker.
-    if text.len() > 32 * s.cfg.max_model_len as usize {
-        return Err(ApiError::bad(
-            format!(
-                "{wher} is too long: {} bytes make more than {} tokens",
-                text.len(),
-                s.cfg.max_model_len
-            ),
-            Some("prompt"),
-        ));
+    // A text with more bytes than 32 x the context is taken to be too long; refusing it before
+    // tokenizing keeps a huge body from occupying a worker. Truncated, only its tail is tokenized
+    // (enough bytes for `keep` + 16 tokens: the cut falls among tokens dropped anyway).
+    let limit = s.cfg.max_prompt_bytes();
+    if let Some(k) = keep {
+        let tail = (k + 16) * (limit / s.cfg.max_model_len.max(1) as usize).max(1);
+        if text.len() > tail {
+            let mut at = text.len() - tail;
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            text.drain(..at);
+        }
+    } else if text.len() > limit {
+        return Err(too_long(wher, &text, s.cfg.max_model_len, "prompt"));
     }
     let (text, enc) = tokenize_off_workers(s, text).await?;
     let mut ids = enc.map_err(|e| {
@@ -168,6 +154,18 @@ async fn encode(s: &Arc<AppState>, text: String, wher: &str) -> Result<Prompt, A
         ids,
         text: Some(text),
     })
+}
+
+/// The 400 for a text that cannot fit the context (the Python server's words).
+pub(crate) fn too_long(wher: &str, text: &str, max_model_len: u32, param: &str) -> ApiError {
+    ApiError::bad(
+        format!(
+            "{wher} is too long: {} characters make more than {max_model_len} tokens, this model's maximum \
+             context length",
+            text.chars().count()
+        ),
+        Some(param),
+    )
 }
 
 fn check_ids(s: &AppState, ids: Vec<i64>, wher: &str) -> Result<Prompt, ApiError> {
@@ -274,20 +272,25 @@ pub(crate) fn gen_params_for(
         ));
     }
     let max_tokens = r.sampling.max_tokens.unwrap_or(room) as u32;
-    let temperature = finite_in(
-        "temperature",
-        r.sampling.temperature.or(d.temperature),
-        0.0,
-        100.0,
-        1.0,
-    )?;
-    let top_p = finite_in(
-        "top_p",
-        r.sampling.top_p.or(d.top_p),
-        f64::MIN_POSITIVE,
-        1.0,
-        1.0,
-    )?;
+    let temperature = match r.sampling.temperature.or(d.temperature) {
+        Some(t) if t < 0.0 => {
+            return Err(ApiError::bad(
+                format!("temperature must be a number >= 0 (0 means greedy), got {t}"),
+                Some("temperature"),
+            ))
+        }
+        t => finite_in("temperature", t, 0.0, 100.0, 1.0)?,
+    };
+    let top_p = match r.sampling.top_p.or(d.top_p) {
+        None => 1.0,
+        Some(p) if p > 0.0 && p <= 1.0 => p as f32,
+        Some(p) => {
+            return Err(ApiError::bad(
+                format!("top_p must be in (0, 1], got {p}"),
+                Some("top_p"),
+            ))
+        }
+    };
     let min_p = finite_in("min_p", r.sampling.min_p.or(d.min_p), 0.0, 1.0, 0.0)?;
     let top_k = match r.sampling.top_k.or(d.top_k) {
         None | Some(-1) | Some(0) => 0,
@@ -302,9 +305,15 @@ pub(crate) fn gen_params_for(
     let min_tokens = match r.sampling.min_tokens {
         None => 0,
         Some(m) if m >= 0 && m <= max_tokens as i64 => m as u32,
+        Some(m) if m < 0 => {
+            return Err(ApiError::bad(
+                format!("min_tokens must be an integer >= 0, got {m}"),
+                Some("min_tokens"),
+            ))
+        }
         Some(m) => {
             return Err(ApiError::bad(
-                format!("min_tokens must be in [0, max_tokens ({max_tokens})], got {m}"),
+                format!("min_tokens must be <= max_tokens ({max_tokens}), got {m}"),
                 Some("min_tokens"),
             ))
         }
@@ -418,14 +427,46 @@ pub(crate) fn check_n(s: &AppState, n: Option<i64>) -> Result<u32, ApiError> {
     match n {
         None => Ok(1),
         Some(n) if n >= 1 && n <= s.cfg.max_n as i64 => Ok(n as u32),
+        Some(n) if n < 1 => Err(ApiError::bad(
+            format!("n must be an integer >= 1, got {n}"),
+            Some("n"),
+        )),
         Some(n) => Err(ApiError::bad(
             format!(
-                "n must be in [1, {}] (the server's --max-n), got {n}",
+                "n must be <= {} (the server's --max-n), got {n}",
                 s.cfg.max_n
             ),
             Some("n"),
         )),
     }
+}
+
+/// vLLM's `truncate_prompt_tokens`: how many prompt tokens to keep (the last ones; -1: the context
+/// length), checked as the Python server checks it.
+pub(crate) fn truncate_keep(s: &AppState, k: Option<i64>) -> Result<Option<usize>, ApiError> {
+    let max = s.cfg.max_model_len as i64;
+    match k {
+        None => Ok(None),
+        Some(-1) => Ok(Some(max as usize)),
+        Some(k) if k >= 1 && k <= max => Ok(Some(k as usize)),
+        Some(k) if k > max => Err(ApiError::bad(
+            format!("truncate_prompt_tokens must be <= max_model_len ({max}), got {k}"),
+            Some("truncate_prompt_tokens"),
+        )),
+        Some(k) => Err(ApiError::bad(
+            format!("truncate_prompt_tokens must be -1 or an integer >= 1, got {k}"),
+            Some("truncate_prompt_tokens"),
+        )),
+    }
+}
+
+/// The last `keep` ids of `p` (its text is then not the prompt's any more: `echo` decodes the ids).
+fn truncated(mut p: Prompt, keep: Option<usize>) -> Prompt {
+    if let Some(k) = keep.filter(|&k| p.ids.len() > k) {
+        p.ids.drain(..p.ids.len() - k);
+        p.text = None;
+    }
+    p
 }
 
 /// The token ids of a rendered conversation (or a `/tokenize` text): `<bos>` is prepended only
@@ -438,24 +479,7 @@ pub(crate) async fn encode_rendered(
     add_special_tokens: bool,
     truncate: Option<i64>,
 ) -> Result<Vec<u32>, ApiError> {
-    let max = s.cfg.max_model_len as i64;
-    let keep = match truncate {
-        None => None,
-        Some(-1) => Some(max as usize),
-        Some(k) if k >= 1 && k <= max => Some(k as usize),
-        Some(k) if k > max => {
-            return Err(ApiError::bad(
-                format!("truncate_prompt_tokens must be <= max_model_len ({max}), got {k}"),
-                Some("truncate_prompt_tokens"),
-            ))
-        }
-        Some(k) => {
-            return Err(ApiError::bad(
-                format!("truncate_prompt_tokens must be -1 or an integer >= 1, got {k}"),
-                Some("truncate_prompt_tokens"),
-            ))
-        }
-    };
+    let keep = truncate_keep(s, truncate)?;
     if keep.is_none() {
         check_rendered_len(s, &text)?;
     }
@@ -491,14 +515,11 @@ pub(crate) async fn encode_rendered(
 /// refused before it is tokenized (a 400 naming `messages`).
 pub(crate) fn check_rendered_len(s: &AppState, text: &str) -> Result<(), ApiError> {
     if text.len() > s.cfg.max_prompt_bytes() {
-        return Err(ApiError::bad(
-            format!(
-                "the rendered conversation is too long: {} bytes make more than {} tokens, this model's \
-                 maximum context length",
-                text.len(),
-                s.cfg.max_model_len
-            ),
-            Some("messages"),
+        return Err(too_long(
+            "the rendered conversation",
+            text,
+            s.cfg.max_model_len,
+            "messages",
         ));
     }
     Ok(())

@@ -243,7 +243,12 @@ fn bad_chat_requests_are_400s_naming_the_field() {
         (
             json!({"messages": [{"role": 7, "content": "x"}]}),
             400,
-            "messages",
+            "messages.0.role",
+        ),
+        (
+            json!({"messages": [{"content": "x"}]}),
+            400,
+            "messages.0.role",
         ),
         (json!({"messages": ["hello"]}), 400, "messages"),
         (

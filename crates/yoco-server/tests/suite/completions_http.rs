@@ -158,6 +158,22 @@ fn repeated_prompt_reports_its_prefix_cache_hit() {
 }
 
 #[test]
+fn truncate_prompt_tokens_keeps_the_last_tokens_and_integral_floats_are_integers() {
+    let s = TestServer::start(Opts::default());
+    let ids = encode("Hello there, my old friend");
+    assert!(ids.len() > 3);
+    let tail = &ids[ids.len() - 3..];
+    let body = json!({"prompt": ids, "truncate_prompt_tokens": 3, "max_tokens": 4.0});
+    let (st, v) = s.json("/v1/completions", &body.to_string());
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], json!(3));
+    assert_eq!(
+        v["choices"][0]["text"],
+        json!(decode(&reference_tokens(tail, 4)))
+    );
+}
+
+#[test]
 fn echo_prepends_the_prompt_text() {
     let s = TestServer::start(Opts::default());
     let (_, v) = s.json(
@@ -196,7 +212,56 @@ fn bad_fields_are_400s_naming_the_field() {
         "max_tokens",
         "maximum context length is 512",
     );
-    assert_400(&s, r#"{"prompt": "x", "n": 0}"#, "n", "--max-n");
+    assert_400(&s, r#"{"prompt": "x", "n": 0}"#, "n", ">= 1");
+    assert_400(&s, r#"{"prompt": "x", "n": 100000}"#, "n", "--max-n");
+    assert_400(
+        &s,
+        r#"{"max_tokens": 1}"#,
+        "prompt",
+        "missing required field 'prompt'",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "seed": 18446744073709551616}"#,
+        "seed",
+        "64-bit range",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": [1, 18446744073709551616]}"#,
+        "prompt",
+        "holds token id 18446744073709551616, outside the vocabulary",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "temperature": NaN}"#,
+        "temperature",
+        "must be a finite number, got nan",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x\ud800"}"#,
+        "prompt",
+        "lone UTF-16 surrogate",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "allowed_token_ids": [1]}"#,
+        "allowed_token_ids",
+        "not supported",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "best_of": 2}"#,
+        "best_of",
+        "must equal n=1",
+    );
+    assert_400(
+        &s,
+        r#"{"prompt": "x", "truncate_prompt_tokens": 0}"#,
+        "truncate_prompt_tokens",
+        ">= 1",
+    );
     assert_400(
         &s,
         r#"{"prompt": "x", "temperature": -1}"#,
@@ -286,11 +351,12 @@ fn bad_fields_are_400s_naming_the_field() {
     assert_eq!(st, 400, "{v}");
     let (st, v) = s.json("/v1/completions", r#"{"prompt": {"a": 1}}"#);
     assert_eq!(st, 400, "{v}");
-    let (st, v) = s.json(
-        "/v1/completions",
+    assert_400(
+        &s,
         r#"{"prompt": "x", "max_tokens": "many"}"#,
+        "max_tokens",
+        "max_tokens must be an integer, got 'many'",
     );
-    assert_eq!(st, 400, "{v}");
     // Nothing was admitted: the engine holds no request and no block.
     assert_eq!(s.metric("yoco:num_requests_running"), 0.0);
     assert_eq!(s.metric("yoco:prompt_tokens_total"), 0.0);
