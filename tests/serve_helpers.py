@@ -144,14 +144,14 @@ def each_frontend(request):
 class CliServer:
     """A real ``yoco-serve`` subprocess on a free port (``--port 0``; the URL comes from its ready line)."""
 
-    def __init__(self, *flags: str, env: Optional[dict] = None, timeout: float = 180.0):
-        import os
+    def __init__(self, *flags: str, env: Optional[dict] = None, timeout: float = 180.0,
+                 command: Optional[list] = None):
         import subprocess
         import sys
 
-        exe = os.path.join(os.path.dirname(sys.executable), "yoco-serve")
+        exe = command or [os.path.join(os.path.dirname(sys.executable), "yoco-serve")]
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        self.proc = subprocess.Popen([exe, "--port", "0", "--disable-progress", *flags], stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen([*exe, "--port", "0", "--disable-progress", *flags], stderr=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, text=True, env=full_env)
         self.lines: list[str] = []
         self._ready = threading.Event()
@@ -185,9 +185,9 @@ class RustServer(CliServer):
 
     engine = None
 
-    def __init__(self, *flags: str, api_key: Optional[str] = API_KEY):
+    def __init__(self, *flags: str, api_key: Optional[str] = API_KEY, command: Optional[list] = None):
         import types
-        super().__init__("--frontend", "rust", *flags)
+        super().__init__("--frontend", "rust", *flags, command=command)
         self.port = int(self.url.rsplit(":", 1)[-1])
         self.settings = types.SimpleNamespace(api_keys=[api_key] if api_key else [])
 

@@ -29,6 +29,9 @@ FINISH_STOP_STRING: int
 class CapacityError(ValueError):
     """The KV pool can never hold the request (prompt + max_tokens, capped at max_model_len)."""
 
+class EngineDied(RuntimeError):
+    """``serve_http``: every step loop stopped after too many failed steps in a row (the last one's error)."""
+
 def mask_logits(logits: np.ndarray, rows: np.ndarray, bitmask: np.ndarray) -> None:
     """``logits[rows[i], t] = -inf`` where row ``i`` of ``bitmask`` (``[C, words]`` int32) disallows ``t``;
     in place on C-contiguous float32 ``[X, V]`` host logits (GIL released)."""

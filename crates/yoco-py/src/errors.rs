@@ -14,6 +14,13 @@ create_exception!(
     "The KV pool can never hold what was asked (e.g. prompt + max_tokens longer than the whole pool)."
 );
 
+create_exception!(
+    _core,
+    EngineDied,
+    pyo3::exceptions::PyRuntimeError,
+    "Every step loop of serve_http stopped after too many failed steps in a row (the message is the last one's error)."
+);
+
 pub fn to_py(e: Error) -> PyErr {
     match e {
         Error::Config(_) | Error::Request(_) => PyValueError::new_err(e.to_string()),

@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CapacityError", m.py().get_type::<errors::CapacityError>())?;
+    m.add("EngineDied", m.py().get_type::<errors::EngineDied>())?;
     m.add_class::<scheduler::Scheduler>()?;
     m.add_class::<plan::StepPlan>()?;
     m.add_class::<plan::StepOutcome>()?;

@@ -276,6 +276,8 @@ pub fn serve_http(
         handles.push(engine);
     }
     let stop_all = handles.clone();
+    // Watches the same loops as the router: once every one has stopped, the server stops too.
+    let watched = yoco_server::Engines::new(handles.clone());
     let engines = yoco_server::Engines::new(handles);
     let mut cfg = AppConfig::new(&served_model_names[0], max_model_len, vocab_size);
     cfg.served_model_names = served_model_names;
@@ -363,11 +365,30 @@ pub fn serve_http(
                 Python::attach(|py| cb.call1(py, (format!("http://{bound}"),)).map(|_| ()))
                     .map_err(|e| e.to_string())?;
             }
-            yoco_server::serve_router(listener, app, yoco_server::shutdown_signal())
+            // Stop on SIGINT/SIGTERM, or when the engine died (every step loop stopped after
+            // `max_consecutive_failures` failed steps): then the process exits 1, as the Python
+            // server's does, so a supervisor restarts it rather than it answering 503 forever.
+            let stop = async move {
+                tokio::select! {
+                    _ = yoco_server::shutdown_signal() => {}
+                    _ = watched.until_all_dead() => {}
+                }
+            };
+            yoco_server::serve_router(listener, app, stop)
                 .await
                 .map_err(|e| e.to_string())
         })
     });
+    let died = stop_all
+        .iter()
+        .all(|h| h.stats().dead.load(std::sync::atomic::Ordering::Relaxed));
+    let why = yoco_server::Engines::new(stop_all.clone()).dead_error();
     py.detach(|| stop_all.iter().for_each(|h| h.shutdown()));
-    result.map_err(PyOSError::new_err)
+    result.map_err(PyOSError::new_err)?;
+    match (died, why) {
+        (true, Some(e)) => Err(crate::errors::EngineDied::new_err(format!(
+            "the engine failed: {e}"
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -190,6 +190,7 @@ impl AppState {
                     self.cfg.served_model_names.join(", ")
                 ),
                 param: Some("model".into()),
+                kind: None,
             }),
         }
     }
@@ -197,10 +198,7 @@ impl AppState {
     /// 503 once every step loop has stopped.
     pub fn ensure_serving(&self) -> Result<(), ApiError> {
         if self.engines.all_dead() {
-            return Err(ApiError::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "The engine is not running.",
-            ));
+            return Err(ApiError::engine_dead(self.engines.dead_error().as_deref()));
         }
         Ok(())
     }
@@ -380,7 +378,7 @@ async fn health(State(s): State<Arc<AppState>>) -> Response {
     if s.engines.all_dead() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "dead"})),
+            Json(json!({"status": "dead", "error": s.engines.dead_error()})),
         )
             .into_response()
     } else {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
+
 use axum::response::{IntoResponse, Response};
 
 use crate::app::AppState;
@@ -218,12 +218,10 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
         if let (Some(seed), true) = (p.sampling.seed, j > 0) {
             p.sampling.seed = Some(seed.wrapping_add(j as u64));
         }
-        let (_, _, rx) = s.engines.submit(p).map_err(|e| {
-            ApiError::status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("The engine is not running: {e}"),
-            )
-        })?;
+        let (_, _, rx) = s
+            .engines
+            .submit(p)
+            .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
         subs.push((j as usize, rx));
     }
     let ctx = ChatCtx {

@@ -56,6 +56,20 @@ impl Engines {
         self.loops.iter().all(|l| l.stats().dead.load(Relaxed))
     }
 
+    /// Why the first loop a failing executor stopped did stop (None: none did).
+    pub fn dead_error(&self) -> Option<String> {
+        self.loops
+            .iter()
+            .find_map(|l| l.stats().dead_error.lock().ok().and_then(|e| e.clone()))
+    }
+
+    /// Resolves once every loop has stopped (polled: a loop dies at most once).
+    pub async fn until_all_dead(&self) {
+        while !self.all_dead() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Unfinished requests of loop `i` (submitted and not yet ended).
     pub fn load(&self, i: usize) -> u64 {
         let done: u64 = self.loops[i]

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault.
     pub param: Option<String>,
+    /// The envelope's `type` when the status's usual one does not say it (`EngineDeadError`).
+    pub kind: Option<&'static str>,
 }
 
 impl ApiError {
@@ -27,6 +29,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
             param: param.map(str::to_string),
+            kind: None,
         }
     }
 
@@ -36,12 +39,25 @@ impl ApiError {
             status,
             message: message.into(),
             param: None,
+            kind: None,
+        }
+    }
+
+    /// The 503 of a server whose engine stopped (the Python server's `EngineDeadError`).
+    pub fn engine_dead(why: Option<&str>) -> Self {
+        let message = match why {
+            Some(e) => format!("The engine is not running: it failed: {e}"),
+            None => "The engine is not running.".to_string(),
+        };
+        Self {
+            kind: Some("EngineDeadError"),
+            ..Self::status(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     }
 
     /// The envelope's JSON.
     pub fn body(&self) -> Value {
-        let ty = match self.status.as_u16() {
+        let ty = self.kind.unwrap_or(match self.status.as_u16() {
             400 => "BadRequestError",
             401 => "AuthenticationError",
             404 => "NotFoundError",
@@ -52,7 +68,7 @@ impl ApiError {
             503 => "ServiceUnavailableError",
             s if s < 500 => "BadRequestError",
             _ => "InternalServerError",
-        };
+        });
         json!({"error": {"message": self.message, "type": ty, "param": self.param,
                          "code": self.status.as_u16()}})
     }

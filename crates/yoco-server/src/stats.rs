@@ -51,6 +51,8 @@ pub struct Stats {
     pub finished: [AtomicU64; 3],
     /// The loop stopped (executor failed too often, or shut down): the server answers 503.
     pub dead: AtomicBool,
+    /// Why the loop stopped, when a failing executor stopped it (the last step's error).
+    pub dead_error: Mutex<Option<String>>,
     /// The KV pool and prefix cache as the core counts them (`yoco:` series).
     pub kv: KvFigures,
     /// Tokens scheduled through the self-decoder (`yoco:scheduled_tokens`).
@@ -88,6 +90,7 @@ impl Default for Stats {
             preemptions: AtomicU64::new(0),
             finished: Default::default(),
             dead: AtomicBool::new(false),
+            dead_error: Mutex::new(None),
             kv: KvFigures::default(),
             scheduled_tokens: AtomicU64::new(0),
             cross_rows: AtomicU64::new(0),

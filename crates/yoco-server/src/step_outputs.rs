@@ -153,6 +153,12 @@ impl StepLoop {
         self.sched.oldest_pending_ids(&mut ids);
         if !ids.is_empty() {
             self.failures += 1;
+            if self.failures >= self.max_failures {
+                // This failure stops the loop: the server reports it (health, 503s, the exit).
+                if let Ok(mut e) = self.stats.dead_error.lock() {
+                    *e = Some(msg.to_string());
+                }
+            }
         }
         for &id in &ids {
             self.sched.abort(id);

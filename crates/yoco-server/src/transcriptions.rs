@@ -188,12 +188,10 @@ async fn run(s: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
         ..GenParams::default()
     };
     s.front.observe_params(1, params.max_tokens);
-    let (_, _, rx) = s.engines.submit(params).map_err(|e| {
-        ApiError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("The engine is not running: {e}"),
-        )
-    })?;
+    let (_, _, rx) = s
+        .engines
+        .submit(params)
+        .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
     let id = format!("trsc-{}", uuid_like());
     if stream {
         let answer = TranscriptionStream {

@@ -257,6 +257,20 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
               f"{'async' if async_on else 'synchronous'} scheduling | {url}", file=sys.stderr, flush=True)
 
     executors = [StepExecutor(r) for r in rts]
+    try:
+        _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready)
+    except _core.EngineDied as e:
+        # Every step loop stopped after --max-consecutive-step-failures failed steps: exit 1 (as the
+        # Python server does) so a supervisor restarts the server instead of it answering 503 forever.
+        print(f"yoco-serve: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    # How many requests still hold image / audio items (0 unless one leaked: the serve tests read it).
+    live = sum(e.num_media_requests() for e in executors)
+    print(f"yoco-serve: stopped ({live} media requests live)", file=sys.stderr, flush=True)
+    return 0
+
+
+def _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready) -> None:
     _core.serve_http(
         [(r.scheduler, e) for r, e in zip(rts, executors)], tokenizer_file=rt.tokenizer.tokenizer_file,
         eos_token_ids=list(rt.tokenizer.eos_token_ids),
@@ -269,10 +283,6 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         async_scheduling=async_on, max_logprobs=int(c.max_logprobs),
         structured_outputs_config=dict(c.structured_outputs_config or {}),
         **_chat_and_metrics_settings(rt, settings), **_media_settings(rt, settings))
-    # How many requests still hold image / audio items (0 unless one leaked: the serve tests read it).
-    live = sum(e.num_media_requests() for e in executors)
-    print(f"yoco-serve: stopped ({live} media requests live)", file=sys.stderr, flush=True)
-    return 0
 
 
 __all__ = ["StepExecutor", "serve", "UNSUPPORTED_FLAGS"]
