@@ -1,7 +1,8 @@
 """Readiness, engine death and SIGTERM drain: ``/health`` is 503 until the model is loaded and once the
 engine is dead; a dead engine fails requests with 503 (streams with an error event) and the CLI exits;
 SIGTERM stops accepting, lets in-flight requests finish within ``--shutdown-timeout`` (aborting the
-rest, whose streams still end properly), then exits 0."""
+rest, whose streams still end properly), then exits 0. The SIGTERM tests run against both front ends (the
+Rust one's engine death is in ``test_serve_rust_faults.py``)."""
 
 import asyncio
 import json
@@ -10,8 +11,9 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from serve_helpers import CliServer, LiveServer
+from serve_helpers import FRONTENDS, CliServer, LiveServer
 from yoco_rs.serve import ServerSettings, create_app
 
 
@@ -102,9 +104,10 @@ def _finish_reasons(lines):
             if c.get("choices") and c["choices"][0]["finish_reason"]]
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0():
-    srv = CliServer("--max-model-len", "256", "--max-num-seqs", "2", "--shutdown-timeout", "60",
-                    "--kv-cache-memory", "32MiB")
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_sigterm_drains_in_flight_requests_then_exits_0(frontend):
+    srv = CliServer("--frontend", frontend, "--max-model-len", "256", "--max-num-seqs", "2",
+                    "--shutdown-timeout", "60", "--kv-cache-memory", "32MiB")
     try:
         out, threads = _start_streams(srv.url, 6, 200)
         srv.proc.send_signal(signal.SIGTERM)
@@ -131,9 +134,10 @@ def test_sigterm_drains_in_flight_requests_then_exits_0():
         srv.kill()
 
 
-def test_sigterm_aborts_what_outlives_the_shutdown_timeout():
-    srv = CliServer("--max-model-len", "256", "--max-num-seqs", "1", "--shutdown-timeout", "0.3",
-                    "--kv-cache-memory", "32MiB")
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_sigterm_aborts_what_outlives_the_shutdown_timeout(frontend):
+    srv = CliServer("--frontend", frontend, "--max-model-len", "256", "--max-num-seqs", "1",
+                    "--shutdown-timeout", "0.3", "--kv-cache-memory", "32MiB")
     try:
         out, threads = _start_streams(srv.url, 4, 240)
         t0 = time.monotonic()

@@ -171,7 +171,10 @@ impl Executor for PyStepExecutor {
     }
 }
 
-/// Serves the OpenAI API from Rust until SIGINT or SIGTERM; blocks with the GIL released. `loops`
+/// Serves the OpenAI API from Rust until SIGINT or SIGTERM; blocks with the GIL released. SIGTERM
+/// drains: no new connection is accepted, in-flight requests get up to `shutdown_timeout` seconds
+/// to finish, then what is left is aborted (finish_reason "abort"); SIGINT, or a second signal,
+/// aborts at once. `loops`
 /// holds one `(scheduler, executor)` pair per step loop (`--data-parallel-size`): each loop copies
 /// its scheduler's configuration (the Python scheduler is not used while serving) and drives its
 /// executor. `on_ready(url)` is called once the port is bound.
@@ -186,7 +189,7 @@ impl Executor for PyStepExecutor {
     version = None, cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
     structured_outputs_config = None, enable_auto_tool_choice = false, tool_call_parser = None,
     tool_chat_template = None, media_seam = None, limit_mm_per_prompt = Vec::new(),
-    max_media_bytes = 20 << 20
+    max_media_bytes = 20 << 20, shutdown_timeout = 30.0
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve_http(
@@ -227,7 +230,13 @@ pub fn serve_http(
     media_seam: Option<Py<PyAny>>,
     limit_mm_per_prompt: Vec<(String, u32)>,
     max_media_bytes: usize,
+    shutdown_timeout: f64,
 ) -> PyResult<()> {
+    if !(shutdown_timeout.is_finite() && shutdown_timeout >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "shutdown_timeout must be >= 0 seconds, got {shutdown_timeout}"
+        )));
+    }
     if served_model_names.is_empty() {
         return Err(PyValueError::new_err("served_model_names is empty"));
     }
@@ -278,6 +287,7 @@ pub fn serve_http(
     let stop_all = handles.clone();
     // Watches the same loops as the router: once every one has stopped, the server stops too.
     let watched = yoco_server::Engines::new(handles.clone());
+    let drained = handles.clone();
     let engines = yoco_server::Engines::new(handles);
     let mut cfg = AppConfig::new(&served_model_names[0], max_model_len, vocab_size);
     cfg.served_model_names = served_model_names;
@@ -370,7 +380,7 @@ pub fn serve_http(
             // server's does, so a supervisor restarts it rather than it answering 503 forever.
             let stop = async move {
                 tokio::select! {
-                    _ = yoco_server::shutdown_signal() => {}
+                    sig = yoco_server::stop_signal() => drain(sig, shutdown_timeout, drained),
                     _ = watched.until_all_dead() => {}
                 }
             };
@@ -391,4 +401,24 @@ pub fn serve_http(
         ))),
         _ => Ok(()),
     }
+}
+
+/// After a stop signal: the server stops accepting (graceful shutdown) while in-flight requests run
+/// for up to `timeout` seconds (SIGTERM; none after SIGINT), or until a second signal; then the
+/// loops stop, which aborts what is left, so the open streams end and the shutdown completes.
+fn drain(sig: yoco_server::StopSignal, timeout: f64, loops: Vec<yoco_server::EngineHandle>) {
+    let secs = if sig == yoco_server::StopSignal::Terminate {
+        timeout
+    } else {
+        0.0
+    };
+    eprintln!("yoco-serve: draining (up to {secs} s for in-flight requests)");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs_f64(secs)) => {}
+            _ = yoco_server::stop_signal() => {}
+        }
+        // `shutdown` joins the loop threads: off the async workers.
+        let _ = tokio::task::spawn_blocking(move || loops.iter().for_each(|h| h.shutdown())).await;
+    });
 }

@@ -85,6 +85,6 @@ pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use kv_events::KvEventSink;
 pub use output::{Event, FinishReason, PromptLogprobs, TokenLogprob};
 pub use params::GenParams;
-pub use signal::shutdown_signal;
+pub use signal::{shutdown_signal, stop_signal, StopSignal};
 pub use template::{load_checkpoint_template, SpecialTokens};
 pub use tools::{ToolConfig, ToolParser};

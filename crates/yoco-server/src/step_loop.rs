@@ -209,16 +209,14 @@ impl StepLoop {
         }
         self.planned = None;
         self.deliver();
+        // Stopped by failures: what is left fails with an error. Shut down (a drain's deadline, a
+        // signal): it ends as aborted (finish_reason "abort"), as the Python server's drain ends it.
+        let why = (self.failures >= self.max_failures)
+            .then(|| format!("the engine stopped after {} failed steps", self.failures));
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in ids {
             self.sched.abort(id);
-            self.end(
-                id,
-                FinishReason::Abort,
-                None,
-                Some("the engine stopped".into()),
-                None,
-            );
+            self.end(id, FinishReason::Abort, None, why.clone(), None);
         }
         self.deliver();
         self.publish_kv_events();

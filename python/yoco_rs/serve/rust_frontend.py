@@ -280,6 +280,7 @@ def _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready) -
         max_prompts_per_request=int(settings.max_prompts_per_request),
         max_request_body_bytes=int(settings.max_request_body_bytes), metrics_prefix=settings.metrics_prefix,
         max_consecutive_failures=int(args.max_consecutive_step_failures), on_ready=ready,
+        shutdown_timeout=float(args.shutdown_timeout),
         async_scheduling=async_on, max_logprobs=int(c.max_logprobs),
         structured_outputs_config=dict(c.structured_outputs_config or {}),
         **_chat_and_metrics_settings(rt, settings), **_media_settings(rt, settings))

@@ -156,14 +156,20 @@ fn consecutive_failed_steps_stop_the_engine_and_the_server_answers_503() {
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["status"], "dead");
     assert!(
-        health["error"].as_str().unwrap().contains("injected step failure"),
+        health["error"]
+            .as_str()
+            .unwrap()
+            .contains("injected step failure"),
         "{health}"
     );
     let (st, v) = s.json("/v1/completions", r#"{"prompt": "c", "max_tokens": 2}"#);
     assert_eq!(st, 503, "{v}");
     assert_eq!(v["error"]["type"], "EngineDeadError");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("it failed: mock executor: injected step failure"), "{msg}");
+    assert!(
+        msg.contains("it failed: mock executor: injected step failure"),
+        "{msg}"
+    );
 }
 
 #[test]
