@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from serve_helpers import FRONTENDS
 from yoco_rs.config import EngineConfig
 from yoco_rs.serve.args import build_parser, engine_settings, env_name, model_dir
 
@@ -86,7 +87,8 @@ def test_console_script_help_and_bad_model_dir_exit_cleanly(tmp_path):
     assert "is not a directory" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_model_that_fails_to_load_exits_1_with_the_cause(tmp_path):
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_model_that_fails_to_load_exits_1_with_the_cause(tmp_path, frontend):
     import shutil
 
     from yoco_rs.bundled import default_model_dir
@@ -96,7 +98,8 @@ def test_model_that_fails_to_load_exits_1_with_the_cause(tmp_path):
         if name.endswith(".json"):
             shutil.copy(os.path.join(src, name), tmp_path / name)  # no weights
     exe = os.path.join(os.path.dirname(sys.executable), "yoco-serve")
-    r = subprocess.run([exe, str(tmp_path), "--port", "0", "--disable-progress"], capture_output=True, text=True,
+    r = subprocess.run([exe, str(tmp_path), "--port", "0", "--disable-progress", "--frontend", frontend],
+                       capture_output=True, text=True,
                        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 1
     assert "the engine failed" in r.stderr and "no weights" in r.stderr

@@ -1,26 +1,34 @@
 """Too many grammar compilations at once is a transient overload, not a server error: over HTTP it is a
 503 in the OpenAI error envelope with ``Retry-After``, and the same request succeeds once the slot is
 free. A server with ``max_in_flight: 1`` keeps one slot busy with a huge enum (its compilation takes a
-good fraction of a second before llguidance refuses it) while small constrained requests arrive."""
+good fraction of a second before llguidance refuses it) while small constrained requests arrive. Both
+front ends."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
 import openai
 import pytest
 
-from serve_helpers import LiveServer
+from serve_helpers import FRONTENDS, LiveServer, RustServer
 
 MODEL = "yoco-tiny"
 ENGINE = dict(max_model_len=512, kv_cache_memory=64 << 20, max_num_seqs=8, seed=0,
               structured_outputs_config={"max_in_flight": 1, "time_budget_ms": 30_000})
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = LiveServer(engine_kwargs=ENGINE)
+@pytest.fixture(scope="module", params=FRONTENDS)
+def srv(request):
+    if request.param == "python":
+        s = LiveServer(engine_kwargs=ENGINE)
+    else:
+        s = RustServer("--max-model-len", "512", "--kv-cache-memory", str(ENGINE["kv_cache_memory"]),
+                       "--max-num-seqs", "8", "--seed", "0",
+                       "--structured-outputs-config", json.dumps(ENGINE["structured_outputs_config"]),
+                       api_key=None)
     yield s
     s.stop()
 

@@ -239,7 +239,11 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
         return 2
     # One runtime per step loop: its own weights, KV pool and sampler (on a GPU, pin each process to
     # its device; in one process they share the device and its memory budget).
-    rts = [build_runtime(c, progress=not args.disable_progress) for c in cfgs]
+    try:
+        rts = [build_runtime(c, progress=not args.disable_progress) for c in cfgs]
+    except Exception as e:  # noqa: BLE001 - any load failure is the engine's; exit 1 as the Python server does
+        print(f"yoco-serve: error: the engine failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
     rt = rts[0]
     names = list(settings.served_model_names or [rt.model_name])
 
