@@ -192,8 +192,16 @@ class RustServer(CliServer):
         self.settings = types.SimpleNamespace(api_keys=[api_key] if api_key else [])
 
     headers = LiveServer.headers
-    metrics = LiveServer.metrics
     metric = LiveServer.metric
+
+    def metrics(self) -> dict:
+        """{(name, frozenset(labels minus model_name/engine)): value}, summed over the step loops."""
+        out: dict = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
+            for s in fam.samples:
+                labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
+                out[(s.name, labels)] = out.get((s.name, labels), 0) + s.value
+        return out
 
     def alive(self) -> bool:
         return self.proc.poll() is None and httpx.get(self.url + "/health", timeout=10).status_code == 200

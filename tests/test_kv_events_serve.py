@@ -14,8 +14,7 @@ import msgspec
 import pytest
 import zmq
 
-from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import SHARED_ENGINE, CliServer, LiveServer
+from serve_helpers import SHARED_ENGINE, LiveServer, RustServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,21 +25,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RustServer(CliServer):
-    """``yoco-serve --frontend rust`` with ``metrics()`` as LiveServer has it (labels minus engine/model)."""
-
-    def metrics(self) -> dict:
-        out = {}
-        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
-            for s in fam.samples:
-                labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
-                out[(s.name, labels)] = out.get((s.name, labels), 0) + s.value
-        return out
-
-    def stop(self):
-        self.kill()
-
-
 @pytest.fixture(scope="module", params=["python", "rust"])
 def served(request):
     port = free_port()
@@ -49,7 +33,7 @@ def served(request):
     if request.param == "python":
         srv = LiveServer(engine_kwargs={**SHARED_ENGINE, "kv_events_config": cfg}, metrics_prefix="vllm")
     else:
-        srv = RustServer("--frontend", "rust", "--kv-cache-memory", "64MiB", "--max-model-len", "512",
+        srv = RustServer("--kv-cache-memory", "64MiB", "--max-model-len", "512",
                          "--metrics-prefix", "vllm", "--kv-events-config", json.dumps(cfg))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -113,7 +97,7 @@ def test_each_data_parallel_loop_publishes_on_its_own_endpoint_with_its_rank():
                 continue
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}",
            "topic": "kv", "encoding": "map"}
-    srv = RustServer("--frontend", "rust", "--data-parallel-size", "2", "--kv-cache-memory", "32MiB",
+    srv = RustServer("--data-parallel-size", "2", "--kv-cache-memory", "32MiB",
                      "--max-model-len", "512", "--kv-events-config", json.dumps(cfg))
     ctx = zmq.Context()
     subs = []
