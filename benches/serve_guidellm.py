@@ -4,7 +4,7 @@ equal the server's (``yoco:prompt_tokens_total`` / ``yoco:generation_tokens_tota
 
     benches/serve_guidellm.sh                      # all four configs, concurrency 1, 4, 16
     .venv/bin/python benches/serve_guidellm.py --levels 1,4 --requests 16 --configs fp+pc
-    .venv/bin/python benches/serve_guidellm.py --configs fp+pc,rust,rust-sync --rounds 2   # Rust vs Python
+    .venv/bin/python benches/serve_guidellm.py --configs fp+pc,rust,rust-async --rounds 2   # Rust vs Python
 
 Needs ``make setup`` (guidellm 0.8.1 is in the locked dev dependencies). Runs
 offline: the tokenizer is the bundled model's directory. Prints a Markdown table (for RESULTS.md).
@@ -31,9 +31,10 @@ CONFIGS = {  # name -> yoco-serve flags
     "fp": ["--no-enable-prefix-caching"],
     "pc": ["--no-kv-sharing-fast-prefill"],
     "none": ["--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
-    # The Rust serving path (fast prefill and prefix caching on, like fp+pc), async scheduling on/off.
+    # The Rust serving path (fast prefill and prefix caching on, like fp+pc): its default (on the CPU,
+    # synchronous scheduling), and async scheduling forced on.
     "rust": ["--frontend", "rust"],
-    "rust-sync": ["--frontend", "rust", "--no-async-scheduling"],
+    "rust-async": ["--frontend", "rust", "--async-scheduling"],
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
@@ -192,8 +193,8 @@ def main(argv=None) -> int:
     print(f"\nWorkload: GuideLLM 0.8.1 concurrent profile, {args.requests} requests per level, synthetic text with "
           f"{args.prefix_count} shared prefixes of {args.prefix_tokens} tokens + {args.prompt_tokens} unique prompt "
           f"tokens, {args.output_tokens} output tokens (ignore_eos), {args.api}; {args.rounds} round(s), medians. "
-          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching; rust = --frontend rust (fp+pc), "
-          f"rust-sync = the same with --no-async-scheduling.\n")
+          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching; rust = --frontend rust (fp+pc; on the CPU "
+          f"it schedules synchronously by default), rust-async = the same with --async-scheduling.\n")
     print("| config | concurrency | TTFT p50 ms | TTFT p95 ms | ITL mean ms | ITL p50 ms | output tok/s | "
           "prefix hit rate | cross rows / scheduled | GuideLLM tokens = server's |")
     print("|---|---|---|---|---|---|---|---|---|---|")

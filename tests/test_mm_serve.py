@@ -69,7 +69,7 @@ class RustMm(CliServer):
 
     def __init__(self, model_dir, media_dir):
         super().__init__(
-            "--frontend", "rust", model_dir, "--max-model-len", str(ENGINE["max_model_len"]),
+            "--frontend", "rust", "--async-scheduling", model_dir, "--max-model-len", str(ENGINE["max_model_len"]),
             "--kv-cache-memory", "32MiB", "--max-num-seqs", str(ENGINE["max_num_seqs"]),
             "--block-size", str(ENGINE["block_size"]), "--sub-block-size", str(ENGINE["sub_block_size"]),
             "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),

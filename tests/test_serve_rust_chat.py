@@ -34,7 +34,7 @@ srv = pytest.fixture(scope="session")(shared_fixture)
 
 @pytest.fixture(scope="module")
 def rust():
-    s = CliServer("--frontend", "rust", "--max-model-len", "1024", "--max-num-seqs", "8", "--seed", "0",
+    s = CliServer("--frontend", "rust", "--async-scheduling", "--max-model-len", "1024", "--max-num-seqs", "8", "--seed", "0",
                   "--api-key", API_KEY, "--served-model-name", "yoco-tiny", "tiny-alias",
                   "--trust-request-chat-template")
     yield s

@@ -8,13 +8,17 @@ import json
 
 import httpx
 import pytest
+import torch
 
-from serve_helpers import CliServer
+from serve_helpers import CliServer, shared_server
 from yoco_rs import Engine, SamplingParams
+from yoco_rs.serve.rust_frontend import async_scheduling_on
 
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1, 2, 3, 4,"]
 # --chat-template is a template text here (chat itself is checked in test_serve_rust_chat.py).
-FLAGS = ("--frontend", "rust", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0",
+# --async-scheduling: off by default on the CPU (its forward runs inside launch), forced here so every
+# greedy comparison runs the real executor on placeholder tokens.
+FLAGS = ("--frontend", "rust", "--async-scheduling", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0",
          "--chat-template", "X{{ messages[0]['content'] }}Y")
 
 
@@ -42,9 +46,19 @@ def test_rust_frontend_greedy_text_equals_the_python_engine(server, reference):
     assert body["usage"]["completion_tokens"] == 24 * len(PROMPTS)
 
 
-def test_rust_frontend_schedules_async_by_default(server):
+def test_rust_frontend_schedules_async_when_asked(server):
     # Every greedy comparison in this file then runs with decodes planned on placeholder tokens.
     assert "async scheduling" in server.log
+
+
+def test_rust_frontend_schedules_synchronously_on_the_cpu_by_default():
+    # The CPU forward runs inside launch: a step planned ahead would hold each token back one forward.
+    s = shared_server("rust")
+    assert "synchronous scheduling" in s.log, s.log
+    assert async_scheduling_on(None, torch.device("cpu")) is False
+    assert async_scheduling_on(None, torch.device("cuda")) is True
+    assert async_scheduling_on(True, torch.device("cpu")) is True
+    assert async_scheduling_on(False, torch.device("cuda")) is False
 
 
 def test_rust_frontend_stop_string_text_is_the_reference_cut_at_the_match(server, reference):

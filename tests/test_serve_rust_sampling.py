@@ -24,7 +24,8 @@ from yoco_rs import Engine, SamplingParams, StructuredOutputsParams
 from yoco_rs.serve.logprobs import CompletionLogprobs, TokenText, merge_blocks, prompt_logprobs_json
 
 CONFIG = dict(max_model_len=256, max_num_seqs=8, seed=0, block_size=16)
-FLAGS = ("--frontend", "rust", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0", "--block-size", "16",
+# --async-scheduling: on the CPU it is off by default; forced here so the real executor runs on placeholders.
+FLAGS = ("--frontend", "rust", "--async-scheduling", "--max-model-len", "256", "--max-num-seqs", "8", "--seed", "0", "--block-size", "16",
          "--num-gpu-blocks-override", "24", "--structured-outputs-config", json.dumps({"disable_any_whitespace": True}))
 
 

@@ -2,8 +2,13 @@
 //!
 //! ```text
 //! async:  launch(N) │ apply(N−1): update · text · events │ deliver · commands · aborts │ schedule_ahead(N+1) │ collect(N)
-//! sync:   apply(N−1) · commands · aborts · schedule(N) │ launch(N) │ deliver · commands │ collect(N)
+//! sync:   apply(N−1) · deliver · commands · aborts · schedule(N) │ launch(N) │ deliver · commands │ collect(N)
 //! ```
+//!
+//! Async mode pays off only when `launch` returns before the forward ends (a GPU): with a forward
+//! that runs inside `launch` (the CPU executor), step N−1's tokens would wait for step N's whole
+//! forward. The Python CLI therefore defaults to the synchronous order on the CPU
+//! (`rust_frontend.async_scheduling_on`), where each step's events are sent before the next launch.
 //!
 //! In async mode, when nothing could be planned ahead (the requests in flight are all finishing),
 //! the next iteration falls back to the synchronous order for one step: apply, then plan. It also
@@ -24,9 +29,12 @@ impl StepLoop {
     pub(crate) fn cycle(&mut self) -> bool {
         let mut shutdown = false;
         if self.planned.is_none() && self.in_flight.is_none() {
-            // Nothing runs: apply the last step, then plan after it.
+            // Nothing runs: apply the last step and send its events now, then plan after it. The
+            // events go out before the next launch: an executor whose forward runs inside `launch`
+            // (the CPU) would otherwise hold every token back by one forward.
             if let Some(c) = self.collected.take() {
                 self.apply_step(c);
+                self.deliver();
             }
             shutdown |= self.drain_commands();
             self.apply_aborts();

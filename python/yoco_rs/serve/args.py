@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
           help="plan step N+1 while step N runs, its decodes on placeholder tokens (vLLM's async scheduling; "
                "stop strings then end a request one step late, the extra token not emitted). Default: on with "
-               "--frontend rust; the Python engine schedules synchronously")
+               "--frontend rust on a GPU, off on the CPU (its forward is synchronous: planning ahead would only delay "
+               "each token by a step); the Python engine schedules synchronously")
     _add_hardening_flags(p)
 
     p.add("--tokenizer", help="tokenizer directory (default: the model directory)")

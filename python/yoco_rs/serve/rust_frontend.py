@@ -251,7 +251,7 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
     pc = f"on (sub-block {c.sub_block_size})" if c.enable_prefix_caching else "off"
     mem = f" | memory: {rt.memory_split}" if rt.memory_split else ""
 
-    async_on = getattr(args, "async_scheduling", None) is not False
+    async_on = async_scheduling_on(getattr(args, "async_scheduling", None), rt.executor.device)
 
     def ready(url: str) -> None:
         # The same line as the Python front end's (tests and scripts read the URL at its end).
@@ -274,6 +274,16 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
     return 0
 
 
+def async_scheduling_on(flag: Optional[bool], device: torch.device) -> bool:
+    """``--async-scheduling`` as given, else on where the forward runs asynchronously to the host (CUDA).
+
+    On the CPU the forward runs inside ``launch``: there is nothing to overlap, and a step planned ahead
+    would hold each token back until the next forward ends (one extra step of latency per token, TTFT
+    included). vLLM does not schedule asynchronously on the CPU either. ``--async-scheduling`` still forces
+    it (the tests use it to run the real executor on placeholders)."""
+    return flag if flag is not None else device.type == "cuda"
+
+
 def _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready) -> None:
     _core.serve_http(
         [(r.scheduler, e) for r, e in zip(rts, executors)], tokenizer_file=rt.tokenizer.tokenizer_file,
@@ -290,4 +300,4 @@ def _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready) -
         **_chat_and_metrics_settings(rt, settings), **_media_settings(rt, settings))
 
 
-__all__ = ["StepExecutor", "serve", "UNSUPPORTED_FLAGS"]
+__all__ = ["StepExecutor", "async_scheduling_on", "serve", "UNSUPPORTED_FLAGS"]

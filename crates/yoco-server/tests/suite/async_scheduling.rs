@@ -394,3 +394,64 @@ fn logprobs_stay_with_their_requests_when_a_batched_request_s_extra_row_is_disca
         .sum();
     assert_eq!(streamed, 24, "every streamed token has its logprob");
 }
+
+/// The synchronous loop sends a step's tokens before it launches the next step. With an executor
+/// whose forward runs inside `launch` (the CPU's), a token held until after the next launch reaches
+/// the client one whole forward late (TTFT and every inter-token gap one step longer). Here the
+/// mock's second launch waits for the client to have read the first token: a loop that delivered
+/// only after launching would make it time out. Both delivery paths.
+#[test]
+fn the_synchronous_loop_sends_a_steps_tokens_before_the_next_launch() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+
+    for direct_delivery in [false, true] {
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel::<()>();
+        let launches = Arc::new(AtomicU32::new(0));
+        let late = Arc::new(AtomicBool::new(false));
+        let (n, lt) = (launches.clone(), late.clone());
+        let vocab = common::tokenizer().get_vocab_size(true) as u32;
+        let exec = MockModel::new(vocab, 16, Duration::ZERO).failing_when(move |_| {
+            if n.fetch_add(1, SeqCst) == 1 && seen_rx.recv_timeout(Duration::from_secs(10)).is_err()
+            {
+                lt.store(true, SeqCst);
+            }
+            false
+        });
+        let srv = TestServer::start(Opts {
+            exec: Some(exec),
+            async_scheduling: false,
+            direct_delivery,
+            ..Default::default()
+        });
+        let body = r#"{"prompt": "hello", "max_tokens": 3, "stream": true, "ignore_eos": true}"#;
+        let mut c = std::net::TcpStream::connect(srv.addr).unwrap();
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let (mut buf, mut got, mut signalled) = ([0u8; 4096], Vec::new(), false);
+        while !String::from_utf8_lossy(&got).contains("[DONE]") {
+            let k = c.read(&mut buf).unwrap();
+            assert!(
+                k > 0,
+                "the stream ended early: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..k]);
+            if !signalled && String::from_utf8_lossy(&got).contains("\"text\"") {
+                signalled = true;
+                let _ = seen_tx.send(());
+            }
+        }
+        assert!(
+            !late.load(SeqCst),
+            "the first token reached the client only after the next launch (direct delivery: {direct_delivery})"
+        );
+        assert!(launches.load(SeqCst) >= 3);
+        srv.wait_idle_and_empty();
+    }
+}
