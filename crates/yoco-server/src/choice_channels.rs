@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::openai::ApiError;
-use crate::output::{Event, Finished};
+use crate::output::{Event, Finished, RequestError};
 
 /// The channels of a request's choices, by choice index.
 pub(crate) type Subs = Vec<(usize, UnboundedReceiver<Event>)>;
@@ -49,9 +49,9 @@ pub(crate) fn chunk(
     sse_event(&v)
 }
 
-/// The error event of a step that failed after the 200 was sent (the envelope, as a chunk).
-pub(crate) fn error_event(message: &str) -> Bytes {
-    sse_event(&ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, message).body())
+/// The error event of a request that failed after the 200 was sent (the envelope, as a chunk).
+pub(crate) fn error_event(e: &RequestError) -> Bytes {
+    sse_event(&e.api_error().body())
 }
 
 /// What a streamed answer makes of its events.
@@ -137,11 +137,8 @@ pub(crate) async fn await_finished(subs: Subs) -> Result<Vec<(usize, Finished)>,
             }
         }
     }
-    if let Some((_, f)) = fins.iter().find(|(_, f)| f.error.is_some()) {
-        return Err(ApiError::status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            f.error.clone().unwrap_or_default(),
-        ));
+    if let Some(e) = fins.iter().find_map(|(_, f)| f.error.as_ref()) {
+        return Err(e.api_error());
     }
     fins.sort_by_key(|(i, _)| *i);
     Ok(fins)

@@ -83,7 +83,7 @@ pub use executor::{
 };
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use kv_events::KvEventSink;
-pub use output::{Event, FinishReason, PromptLogprobs, TokenLogprob};
+pub use output::{Event, FinishReason, PromptLogprobs, RequestError, TokenLogprob};
 pub use params::GenParams;
 pub use signal::{shutdown_signal, stop_signal, StopSignal};
 pub use template::{load_checkpoint_template, SpecialTokens};

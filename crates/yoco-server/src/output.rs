@@ -74,8 +74,49 @@ pub struct Finished {
     pub completion_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
-    /// A failure the client should see (a failed step), as a message.
-    pub error: Option<String>,
+    /// A failure the client should see (a failed step, a refused admission).
+    pub error: Option<RequestError>,
+}
+
+/// Why a request failed, as its client is told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestError {
+    /// What failed, for a person.
+    pub message: String,
+    /// The failure stopped the engine: the last step the loop was allowed to fail, or the loop
+    /// stopping after it. Answered as the 503 `EngineDeadError` that a request arriving after the
+    /// death gets (as the Python server answers both), not as a contained step failure's 500.
+    pub engine_dead: bool,
+}
+
+impl RequestError {
+    /// A contained failure (the engine goes on): a 500.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            engine_dead: false,
+        }
+    }
+
+    /// A failure that stopped the engine: a 503 `EngineDeadError`.
+    pub fn engine_dead(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            engine_dead: true,
+        }
+    }
+
+    /// The error envelope the client gets (as the response, or as a stream's error event).
+    pub fn api_error(&self) -> crate::openai::ApiError {
+        if self.engine_dead {
+            crate::openai::ApiError::engine_dead(Some(&self.message))
+        } else {
+            crate::openai::ApiError::status(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                self.message.clone(),
+            )
+        }
+    }
 }
 
 /// What ended a request that stopped (OpenAI's/vLLM's `stop_reason`).

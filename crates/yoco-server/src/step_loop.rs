@@ -48,7 +48,7 @@ use crate::grammar_rows::GrammarRows;
 use crate::handle::LoopConfig;
 use crate::kv_events::KvEventSink;
 use crate::logprobs::{LogprobRows, PromptLogprobs, TokenLogprob};
-use crate::output::{Event, FinishReason, Finished, StopReason};
+use crate::output::{Event, FinishReason, Finished, RequestError, StopReason};
 use crate::params::GenParams;
 use crate::stats::{RequestTimes, Stats};
 
@@ -211,8 +211,12 @@ impl StepLoop {
         self.deliver();
         // Stopped by failures: what is left fails with an error. Shut down (a drain's deadline, a
         // signal): it ends as aborted (finish_reason "abort"), as the Python server's drain ends it.
-        let why = (self.failures >= self.max_failures)
-            .then(|| format!("the engine stopped after {} failed steps", self.failures));
+        let why = (self.failures >= self.max_failures).then(|| {
+            RequestError::engine_dead(format!(
+                "the engine stopped after {} failed steps",
+                self.failures
+            ))
+        });
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in ids {
             self.sched.abort(id);
@@ -322,7 +326,7 @@ impl StepLoop {
                 prompt_tokens,
                 completion_tokens: 0,
                 cached_tokens: 0,
-                error: Some(msg),
+                error: Some(RequestError::failed(msg)),
             }));
             return;
         }
@@ -356,7 +360,7 @@ impl StepLoop {
         id: u64,
         reason: FinishReason,
         stop_reason: Option<StopReason>,
-        error: Option<String>,
+        error: Option<RequestError>,
         tail: Option<(String, Vec<u32>, Vec<TokenLogprob>)>,
     ) {
         let Some(mut l) = self.live.remove(&id) else {

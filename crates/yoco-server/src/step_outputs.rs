@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use yoco_core::sched::{FinishReason as CoreFinish, StepOutcome, NOT_FINISHED};
 
-use crate::output::{Event, FinishReason, StopReason};
+use crate::output::{Event, FinishReason, RequestError, StopReason};
 use crate::step_loop::{Collected, StepLoop};
 
 impl StepLoop {
@@ -44,7 +44,13 @@ impl StepLoop {
                 let msg = e.to_string();
                 for &id in &o.req_ids {
                     self.sched.abort(id);
-                    self.end(id, FinishReason::Abort, None, Some(msg.clone()), None);
+                    self.end(
+                        id,
+                        FinishReason::Abort,
+                        None,
+                        Some(RequestError::failed(msg.clone())),
+                        None,
+                    );
                 }
                 return;
             }
@@ -151,10 +157,13 @@ impl StepLoop {
         self.stats.failed_steps.fetch_add(1, Relaxed);
         let mut ids = Vec::new();
         self.sched.oldest_pending_ids(&mut ids);
+        let mut fatal = false;
         if !ids.is_empty() {
             self.failures += 1;
             if self.failures >= self.max_failures {
-                // This failure stops the loop: the server reports it (health, 503s, the exit).
+                // This failure stops the loop: the server reports it (health, 503s, the exit), and
+                // its own requests get the same 503 as those that arrive after it.
+                fatal = true;
                 if let Ok(mut e) = self.stats.dead_error.lock() {
                     *e = Some(msg.to_string());
                 }
@@ -172,7 +181,11 @@ impl StepLoop {
                 id,
                 FinishReason::Abort,
                 None,
-                Some(format!("engine step failed: {msg}")),
+                Some(if fatal {
+                    RequestError::engine_dead(msg)
+                } else {
+                    RequestError::failed(format!("engine step failed: {msg}"))
+                }),
                 None,
             );
         }

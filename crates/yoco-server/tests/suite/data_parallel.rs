@@ -105,7 +105,9 @@ fn a_stopped_loop_is_routed_around_and_health_stays_ok() {
         );
         match st {
             200 => assert_eq!(v["usage"]["completion_tokens"], 3),
-            500 => failed += 1,
+            // The request whose failure stopped loop 0 gets that engine's 503 (retryable: the
+            // next attempt goes to the loop still serving).
+            503 if v["error"]["type"] == "EngineDeadError" => failed += 1,
             other => panic!("{other}: {v}"),
         }
     }

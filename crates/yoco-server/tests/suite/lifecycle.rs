@@ -149,8 +149,18 @@ fn consecutive_failed_steps_stop_the_engine_and_the_server_answers_503() {
     });
     let (st, _) = s.json("/v1/completions", r#"{"prompt": "a", "max_tokens": 2}"#);
     assert_eq!(st, 500);
-    let (st, _) = s.json("/v1/completions", r#"{"prompt": "b", "max_tokens": 2}"#);
-    assert_eq!(st, 500);
+    // The failure that stops the engine: its own request gets the dead engine's 503, as the
+    // requests after it do (and as the Python server answers), not a contained failure's 500.
+    let (st, v) = s.json("/v1/completions", r#"{"prompt": "b", "max_tokens": 2}"#);
+    assert_eq!(st, 503, "{v}");
+    assert_eq!(v["error"]["type"], "EngineDeadError");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it failed: mock executor: injected step failure"),
+        "{v}"
+    );
     s.wait_for("the engine to stop", |s| s.get("/health").0 == 503);
     let (_, health) = s.get("/health");
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
