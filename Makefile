@@ -17,6 +17,8 @@ VPY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+# pytest processes run side by side over disjoint test files (scripts/pytest_shards.py); 1: one plain pytest.
+PYTEST_SHARDS ?= 2
 
 .PHONY: setup serve test test-rust test-python bench lock clean
 
@@ -37,7 +39,7 @@ test-rust:
 	cargo test --locked --workspace --exclude yoco-py --profile ci
 
 test-python: setup
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) scripts/pytest_shards.py --shards $(PYTEST_SHARDS) $(PYTEST_ARGS)
 
 bench: setup
 	$(MAKE) -C benches all VPY=$(abspath $(VPY))
