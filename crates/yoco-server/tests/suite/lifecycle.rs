@@ -137,6 +137,17 @@ fn failed_step_mid_stream_ends_the_stream_with_an_error_event() {
     assert_eq!(ev.len(), 2 + 3, "three tokens, then the error: {body}");
 }
 
+/// The dead engine's answer: 503 `EngineDeadError` naming the failure that stopped it.
+fn assert_engine_dead(status: u16, v: &Value) {
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["type"], "EngineDeadError");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("it failed: mock executor: injected step failure"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn consecutive_failed_steps_stop_the_engine_and_the_server_answers_503() {
     let tok = common::tokenizer();
@@ -152,15 +163,7 @@ fn consecutive_failed_steps_stop_the_engine_and_the_server_answers_503() {
     // The failure that stops the engine: its own request gets the dead engine's 503, as the
     // requests after it do (and as the Python server answers), not a contained failure's 500.
     let (st, v) = s.json("/v1/completions", r#"{"prompt": "b", "max_tokens": 2}"#);
-    assert_eq!(st, 503, "{v}");
-    assert_eq!(v["error"]["type"], "EngineDeadError");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("it failed: mock executor: injected step failure"),
-        "{v}"
-    );
+    assert_engine_dead(st, &v);
     s.wait_for("the engine to stop", |s| s.get("/health").0 == 503);
     let (_, health) = s.get("/health");
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
@@ -173,13 +176,7 @@ fn consecutive_failed_steps_stop_the_engine_and_the_server_answers_503() {
         "{health}"
     );
     let (st, v) = s.json("/v1/completions", r#"{"prompt": "c", "max_tokens": 2}"#);
-    assert_eq!(st, 503, "{v}");
-    assert_eq!(v["error"]["type"], "EngineDeadError");
-    let msg = v["error"]["message"].as_str().unwrap();
-    assert!(
-        msg.contains("it failed: mock executor: injected step failure"),
-        "{msg}"
-    );
+    assert_engine_dead(st, &v);
 }
 
 #[test]
