@@ -28,6 +28,8 @@ pub(crate) struct Job {
     /// `w` in panels of 16 columns: `w[j][k]` at `(j / 16) * ldw + k * 16 + j % 16`
     pub panels: bool,
     pub ldw: usize,
+    /// AVX-512 tiles for panels (`zmm.rs`): the same bits, twice the FMA width
+    pub wide: bool,
     pub y: YPtr,
     pub ldy: usize,
     pub kc: usize,

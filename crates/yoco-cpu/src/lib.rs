@@ -24,7 +24,8 @@
 //! Two AVX2 + FMA kernels ([`available`]) compute that order; which one runs changes no bit:
 //! * `resident` (weights in [`Layout::Panels`], how the executor stores CPU weights, or K-major): register
 //!   tiles of a few rows x 16-64 columns whose chains stay in registers over a whole `kc` block, each
-//!   panel read front to back as one sequential stream (once per 96 rows);
+//!   panel read front to back as one sequential stream (once per 96 rows); on panels with AVX-512F
+//!   ([`avx512_enabled`]) the same tiles 16 columns a register (`zmm`);
 //! * `tile` (row-major weights): packs the columns of a tile into an f32 panel by 8 x 8 transposes and
 //!   runs an `MR x NR` register tile over it.
 //!
@@ -41,8 +42,11 @@ pub mod reference;
 mod resident;
 #[cfg(target_arch = "x86_64")]
 mod tile;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use job::{Job, SendJob, WPtr, YPtr};
 
@@ -56,6 +60,42 @@ pub fn available() -> bool {
     {
         false
     }
+}
+
+/// Whether this CPU has AVX-512F (the panel kernel's wide tiles, `zmm.rs`).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether panel weights run the AVX-512 tiles: 0 not decided yet, 1 no, 2 yes.
+static WIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether calls on [`Layout::Panels`] weights use the AVX-512 tiles: where the CPU has them, unless
+/// `YOCO_CPU_AVX512=0` was set when first asked or [`set_avx512`] turned them off. Which tiles run
+/// changes no bit (the crate doc's order either way); it changes the speed (2x the FMA width).
+pub fn avx512_enabled() -> bool {
+    match WIDE.load(Ordering::Relaxed) {
+        0 => {
+            let off = std::env::var("YOCO_CPU_AVX512").is_ok_and(|v| v == "0");
+            set_avx512(!off)
+        }
+        v => v == 2,
+    }
+}
+
+/// Turns the AVX-512 tiles on or off for this process (tests of both paths, A/B timings); returns
+/// whether they are now on (never where the CPU lacks AVX-512F).
+pub fn set_avx512(on: bool) -> bool {
+    let on = on && avx512_available();
+    WIDE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    on
 }
 
 /// A row-major matrix: `rows x cols` elements, row `r` starting at `data[r * ld]`.
@@ -211,6 +251,7 @@ pub fn linear_f32(
         k_major,
         panels,
         ldw,
+        wide: panels && avx512_enabled(),
         y: YPtr::F32(y.data.as_mut_ptr()),
         ldy: y.ld,
         kc,
@@ -252,6 +293,7 @@ pub fn linear_bf16(
         k_major,
         panels,
         ldw,
+        wide: panels && avx512_enabled(),
         y: YPtr::Bf16(y.data.as_mut_ptr()),
         ldy: y.ld,
         kc,

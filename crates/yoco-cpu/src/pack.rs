@@ -1,4 +1,4 @@
-//! Weight access for the AVX2 kernels: bf16 widening loads, and packing a tile of output columns of a
+//! Weight access for the kernels: bf16 widening loads (8 lanes for AVX2, 16 for AVX-512), and packing a tile of output columns of a
 //! row-major `w` into a panel `[K][NR]` of f32 (one `k` of NR outputs per row, what a register tile
 //! consumes) by 8 x 8 register transposes.
 
@@ -11,6 +11,8 @@ pub(crate) trait Elem: Copy {
     unsafe fn load8(p: *const Self) -> __m256;
     /// One value at `p` as f32.
     unsafe fn load1(p: *const Self) -> f32;
+    /// Sixteen consecutive values at `p` as f32 (AVX-512F only).
+    unsafe fn load16(p: *const Self) -> __m512;
 }
 
 impl Elem for f32 {
@@ -22,6 +24,10 @@ impl Elem for f32 {
     unsafe fn load1(p: *const f32) -> f32 {
         *p
     }
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        load16_f32(p)
+    }
 }
 
 impl Elem for u16 {
@@ -32,6 +38,10 @@ impl Elem for u16 {
     #[inline(always)]
     unsafe fn load1(p: *const u16) -> f32 {
         crate::reference::bf16_to_f32(*p)
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        load16_bf16(p)
     }
 }
 
@@ -46,6 +56,19 @@ unsafe fn load8_f32(p: *const f32) -> __m256 {
 unsafe fn load8_bf16(p: *const u16) -> __m256 {
     let h = _mm_loadu_si128(p as *const __m128i);
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_f32(p: *const f32) -> __m512 {
+    _mm512_loadu_ps(p)
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_bf16(p: *const u16) -> __m512 {
+    let h = _mm256_loadu_si256(p as *const __m256i);
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
 }
 
 /// 8 x 8 transpose: `out[t]` holds element `t` of every input row.

@@ -23,6 +23,7 @@ use core::arch::x86_64::*;
 
 use crate::job::Job;
 use crate::pack::Elem;
+use crate::zmm;
 
 /// Rows per pass over the weights (their block sums are `MC x CHUNK` f32: 96 KiB, in L2).
 const MC: usize = 96;
@@ -93,8 +94,10 @@ unsafe fn rows<T: Elem>(
     hi: usize,
     acc: &mut [f32],
 ) {
-    let (nv, tiles) = plan(m);
-    let tw = 8 * nv;
+    // AVX-512 (panels only): the same tiles at 16 columns a register (`zmm.rs`)
+    let wide = job.wide && job.panels;
+    let (nv, tiles) = if wide { zmm::plan(m) } else { plan(m) };
+    let tw = if wide { 16 * nv } else { 8 * nv };
     // panels: one tile column at a time, read top to bottom (its panels are sequential streams);
     // K-major: a chunk of tile columns whose block stays in cache for the chunk's row tiles
     let chunk = if job.panels {
@@ -110,7 +113,9 @@ unsafe fn rows<T: Elem>(
     while j0 < hi {
         let cols = chunk.min(hi - j0);
         // panels are whole vectors wide (padded at N's edge): compute them, write the real columns
-        let width_all = if job.panels {
+        let width_all = if wide {
+            cols.next_multiple_of(16)
+        } else if job.panels {
             cols.next_multiple_of(8)
         } else {
             cols
@@ -143,7 +148,9 @@ unsafe fn rows<T: Elem>(
                         first: k0 == 0,
                         pf,
                     };
-                    if width == tw {
+                    if wide {
+                        zmm::dispatch(mr, width / 16, &tile);
+                    } else if width == tw {
                         dispatch(mr, nv, &tile);
                     } else {
                         edge(mr, width, &tile);
@@ -164,20 +171,20 @@ unsafe fn rows<T: Elem>(
 /// One tile's operands for one block: `x` (`MR` rows `ldx` apart, from the block's first term), `w`
 /// (the tile's first column at the block's first `k`), the block sums `acc` (rows `lda` apart; stored on
 /// the first block, added to after), and how far ahead to prefetch.
-struct Tile<T> {
-    kb: usize,
-    x: *const f32,
-    ldx: usize,
-    w: *const T,
+pub(crate) struct Tile<T> {
+    pub kb: usize,
+    pub x: *const f32,
+    pub ldx: usize,
+    pub w: *const T,
     /// elements between consecutive `k` of one column
-    ks: usize,
+    pub ks: usize,
     /// elements between a column and the one 16 further (16 in K-major, the panel stride in panels)
-    ps: usize,
-    acc: *mut f32,
-    lda: usize,
-    first: bool,
+    pub ps: usize,
+    pub acc: *mut f32,
+    pub lda: usize,
+    pub first: bool,
     /// elements ahead of each panel's row to prefetch, per `k` (0: none)
-    pf: usize,
+    pub pf: usize,
 }
 
 #[target_feature(enable = "avx2,fma")]

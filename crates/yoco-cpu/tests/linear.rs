@@ -1,11 +1,44 @@
 //! The AVX2 kernels against the scalar specification, bit for bit, over shapes that hit every tile,
 //! panel edge, block remainder and both weight layouts; and the property the executor needs: a row's
-//! outputs do not depend on the other rows, the row count, the kernel or the thread count.
+//! outputs do not depend on the other rows, the row count, the kernel or the thread count. Every call
+//! on panels runs with the AVX-512 tiles off and on (where the CPU has them) and must agree bit for bit.
+
+use std::sync::Mutex;
 
 use rand::{Rng, SeedableRng};
 use yoco_cpu::{
-    available, linear_bf16, linear_f32, reference, Layout, Mat, MatMut, Weights, PANEL,
+    available, avx512_available, linear_bf16, linear_f32, reference, set_avx512, Layout, Mat,
+    MatMut, Weights, PANEL,
 };
+
+/// Serializes the tests' switching of the process-wide AVX-512 setting.
+static WIDTH: Mutex<()> = Mutex::new(());
+
+/// `call()` on panels with the AVX2 tiles, then the AVX-512 ones where the CPU has them: the two
+/// must agree bit for bit (the AVX-512 result is returned); other layouts run once.
+fn both_widths<R: PartialEq + std::fmt::Debug>(layout: Layout, call: impl Fn() -> R) -> R {
+    if !matches!(layout, Layout::Panels { .. }) {
+        return call();
+    }
+    let _guard = WIDTH.lock().unwrap_or_else(|e| e.into_inner());
+    set_avx512(false);
+    let narrow = call();
+    if !set_avx512(true) {
+        return narrow;
+    }
+    let wide = call();
+    assert!(narrow == wide, "AVX2 and AVX-512 tiles differ on {layout:?}");
+    wide
+}
+
+#[test]
+fn the_avx512_tiles_are_exercised_where_the_cpu_has_them() {
+    // guards the test above against silently running one path only
+    let _guard = WIDTH.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(set_avx512(true), avx512_available());
+    assert!(!set_avx512(false));
+    set_avx512(true);
+}
 
 fn randn(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect()
@@ -50,6 +83,24 @@ fn run_f32(
     kc: usize,
     threads: usize,
 ) -> Vec<f32> {
+    // compared as bits: NaN == NaN, -0 != +0
+    both_widths(layout, || run_f32_once(x, w, layout, m, n, k, kc, threads))
+        .into_iter()
+        .map(f32::from_bits)
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_f32_once(
+    x: &[f32],
+    w: &[f32],
+    layout: Layout,
+    m: usize,
+    n: usize,
+    k: usize,
+    kc: usize,
+    threads: usize,
+) -> Vec<u32> {
     let mut y = vec![f32::NAN; m * n];
     linear_f32(
         Mat {
@@ -74,10 +125,22 @@ fn run_f32(
         threads,
     )
     .unwrap();
-    y
+    y.iter().map(|v| v.to_bits()).collect()
 }
 
 fn run_bf16(
+    x: &[u16],
+    w: &[u16],
+    layout: Layout,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+) -> Vec<u16> {
+    both_widths(layout, || run_bf16_once(x, w, layout, m, n, k, threads))
+}
+
+fn run_bf16_once(
     x: &[u16],
     w: &[u16],
     layout: Layout,
@@ -141,6 +204,10 @@ fn f32_kernels_equal_the_scalar_order_bit_for_bit() {
         (6, 16, 64, 192),
         (7, 40, 389, 192),
         (13, 100, 515, 192),
+        (9, 48, 400, 192),
+        (12, 80, 385, 192),
+        (16, 33, 200, 64),
+        (17, 130, 193, 192),
         (8, 8200, 400, 192),
         (1, 9, 5, 192),
         (8, 3, 4, 192),
