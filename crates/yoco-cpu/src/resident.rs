@@ -94,8 +94,8 @@ unsafe fn rows<T: Elem>(
     hi: usize,
     acc: &mut [f32],
 ) {
-    // AVX-512 (panels only): the same tiles at 16 columns a register (`zmm.rs`)
-    let wide = job.wide && job.panels;
+    // AVX-512 (panels, from `zmm::MIN_ROWS` rows): the same tiles at 16 columns a register (`zmm.rs`)
+    let wide = job.wide && job.panels && m >= zmm::MIN_ROWS;
     let (nv, tiles) = if wide { zmm::plan(m) } else { plan(m) };
     let tw = if wide { 16 * nv } else { 8 * nv };
     // panels: one tile column at a time, read top to bottom (its panels are sequential streams);

@@ -8,10 +8,13 @@
 //! per `kc` block added into the block sums in order (the crate doc's order): the bits are the AVX2
 //! kernel's, whichever runs (`tests/linear.rs` runs both).
 //!
-//! Shapes: 1-3 rows x 4 panels (64 columns, 4-12 chains: one row is memory-bound anyway), else tiles
-//! of up to 8 rows x 2 panels (16 chains, 19 of the 32 registers; per `k` 2 weight loads and 8
-//! broadcasts for 16 FMAs). With at most 8 rows a tile column is one row tile: every weight line is
-//! loaded into a register once.
+//! Shapes: tiles of 4-8 rows x 2 panels (8-16 chains, at most 19 of the 32 registers; per `k` 2 weight
+//! loads and 8 broadcasts for 16 FMAs). With at most 8 rows a tile column is one row tile: every weight
+//! line is loaded into a register once. Below [`MIN_ROWS`] rows the AVX2 tiles run: there the kernel is
+//! bound by memory, not by the FMAs, and the 512-bit tiles made the whole 1-row step *slower*
+//! (E2B f32 681 -> 748-1339 ms, bf16 393 -> 422 ms; the core's clock under 512-bit load, presumably).
+//!
+//! [`MIN_ROWS`]: the fewest rows the AVX-512 tiles run for.
 
 #[cfg(target_arch = "x86_64")]
 use core::arch::x86_64::*;
@@ -19,16 +22,14 @@ use core::arch::x86_64::*;
 use crate::pack::Elem;
 use crate::resident::Tile;
 
-/// Panels per tile and the rows of each tile for `m` rows.
+/// The fewest rows the AVX-512 tiles run for (see the module doc).
+pub(crate) const MIN_ROWS: usize = 4;
+
+/// Panels per tile and the rows of each tile for `m >= MIN_ROWS` rows: tiles of 4-8 rows.
 pub(crate) fn plan(m: usize) -> (usize, Vec<usize>) {
-    match m {
-        0 => (2, vec![]),
-        1..=3 => (4, vec![m]),
-        _ => {
-            let t = m.div_ceil(8);
-            (2, (0..t).map(|i| m / t + usize::from(i < m % t)).collect())
-        }
-    }
+    debug_assert!(m >= MIN_ROWS);
+    let t = m.div_ceil(8);
+    (2, (0..t).map(|i| m / t + usize::from(i < m % t)).collect())
 }
 
 /// The `mr x np` tile over one block (`np` may be below the plan's at the last panels of N).
@@ -45,12 +46,7 @@ pub(crate) unsafe fn dispatch<T: Elem>(mr: usize, np: usize, t: &Tile<T>) {
             }
         };
     }
-    go!(
-        1, 1; 1, 2; 1, 3; 1, 4;
-        2, 1; 2, 2; 2, 3; 2, 4;
-        3, 1; 3, 2; 3, 3; 3, 4;
-        4, 1; 4, 2; 5, 1; 5, 2; 6, 1; 6, 2; 7, 1; 7, 2; 8, 1; 8, 2
-    )
+    go!(4, 1; 4, 2; 5, 1; 5, 2; 6, 1; 6, 2; 7, 1; 7, 2; 8, 1; 8, 2)
 }
 
 #[target_feature(enable = "avx512f")]

@@ -27,7 +27,10 @@ fn both_widths<R: PartialEq + std::fmt::Debug>(layout: Layout, call: impl Fn() -
         return narrow;
     }
     let wide = call();
-    assert!(narrow == wide, "AVX2 and AVX-512 tiles differ on {layout:?}");
+    assert!(
+        narrow == wide,
+        "AVX2 and AVX-512 tiles differ on {layout:?}"
+    );
     wide
 }
 

@@ -26,7 +26,8 @@ The weights (``[N, K]`` parameters, as in the checkpoints) are stored in *panels
 kernel runs and ``N`` is a multiple of ``PANEL``: a ``[N / PANEL, K, PANEL]`` tensor (:func:`cpu_weight`),
 ``PANEL`` consecutive outputs side by side for each ``k``, one panel after the other. The kernel reads
 each panel front to back, one sequential stream, with the chains of several rows' outputs in registers
-over a whole ``kc`` block (``crates/yoco-cpu/src/resident.rs``); torch cannot view that layout as
+over a whole ``kc`` block (``crates/yoco-cpu/src/resident.rs``; 512-bit registers where the CPU has
+AVX-512F, ``zmm.rs``, the same bits); torch cannot view that layout as
 ``[N, K]``, so every use of such a weight goes through this module (:class:`RowInvariantLinear` runs the
 kernel at every row count, :func:`embedding` gathers the tied table's rows, :func:`weight_shape` gives the
 ``[N, K]`` the loader checks, :func:`weight_rows` a torch copy for tests). Other weights are stored *K-major*: the ``[N, K]`` view of a
