@@ -12,7 +12,8 @@
 //! loads and 8 broadcasts for 16 FMAs). With at most 8 rows a tile column is one row tile: every weight
 //! line is loaded into a register once. Below [`MIN_ROWS`] rows the AVX2 tiles run: there the kernel is
 //! bound by memory, not by the FMAs, and the 512-bit tiles made the whole 1-row step *slower*
-//! (E2B f32 681 -> 748-1339 ms, bf16 393 -> 422 ms; the core's clock under 512-bit load, presumably).
+//! (one E2B step A/B at 1 stream: f32 1339 against 681 ms, bf16 422 against 393; not located, the
+//! core's clock under 512-bit load is a guess).
 //!
 //! [`MIN_ROWS`]: the fewest rows the AVX-512 tiles run for.
 
