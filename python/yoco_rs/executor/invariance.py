@@ -9,8 +9,8 @@ batch compositions, chunkings and fast prefill on/off, and equal to a whole-sequ
 equivalence matrix and the transformers comparisons rely on it). Measured on MKL, AVX-512, float32
 (``tests/test_executor_attention.py`` pins the parts the attention relies on):
 
-* A GEMM with fewer than ``MIN_GEMM_ROWS`` rows takes another code path (GEMV-like) and rounds
-  differently. From that many rows up (and ``N >= 12`` columns) an output is a sequential FMA chain
+* A GEMM with fewer than ``MIN_GEMM_ROWS`` rows (4 there; probed per CPU at import, 16 on an Intel CPU
+  with MKL's AVX-512 sgemm) takes another code path (GEMV-like) and rounds differently. From that many rows up (and ``N >= 12`` columns) an output is a sequential FMA chain
   over each block of ``kc`` terms (192; a K of 256 is two blocks of 128), the block sums added in order,
   whatever the row count: the model's projections reproduce exactly that for any number of rows
   (``cpu_linear.py``, measured there at load), and the attention GEMMs below get at least
@@ -36,7 +36,32 @@ from __future__ import annotations
 
 import torch
 
-MIN_GEMM_ROWS = 4
+
+
+def _min_gemm_rows() -> int:
+    """The fewest GEMM rows from which this CPU's BLAS gives a row the same bits whatever the row count
+    (``F.linear`` on a contiguous ``[N, K]`` weight, the strictest layout: a transposed ``[K, N]`` one, and
+    the attention's ``p @ v``, hold from 4 rows on both CPUs measured). 4 on the AMD EPYC the properties
+    above were measured on; 16 on an Intel CPU whose MKL takes its AVX-512 sgemm (rows under 11 round
+    otherwise at K = 256, under 16 at K = 2048: measured). Probed once at import on random data at the
+    model's shapes with at least 12 outputs (below, MKL takes other paths: ``cpu_linear.SMALL_N``), at
+    K = 2048 and at the attention scores' head dim 256."""
+    g = torch.Generator().manual_seed(4)
+    probes = []
+    for n, k in ((24, 2048), (48, 256)):
+        w = torch.randn(n, k, generator=g)
+        x = torch.randn(72, k, generator=g)
+        probes.append((x, w, torch.nn.functional.linear(x, w)))
+    candidates = (4, 8, 16, 32)
+    with torch.inference_mode():
+        for rows in candidates:
+            if all(torch.equal(torch.nn.functional.linear(x[:m], w), ref[:m])
+                   for x, w, ref in probes for m in (rows, rows + 1, 2 * rows - 1, 2 * rows + 3)):
+                return rows
+    return candidates[-1]
+
+
+MIN_GEMM_ROWS = _min_gemm_rows()
 MIN_KEYS = 16
 FMA_CHAIN_MAX = 192
 VALUE_PIECE = FMA_CHAIN_MAX
