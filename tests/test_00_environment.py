@@ -41,7 +41,11 @@ def test_hf_tolerance_is_strict_under_the_lock_and_a_reassociation_bound_otherwi
     import numerics
 
     monkeypatch.setattr(numerics, "drift", lambda: None)
-    assert numerics.hf_tol(30, 128) == 1e-5  # the locked build: the strict tolerance
+    monkeypatch.setattr(numerics, "cpu_drift", lambda: None)
+    assert numerics.hf_tol(30, 128) == 1e-5  # the locked build on the reference CPU: the strict tolerance
+    monkeypatch.setattr(numerics, "cpu_drift", lambda: "another BLAS order")
+    assert numerics.hf_tol(10, 128) == pytest.approx(reassociation_tol(10, 128, 1.0))  # another CPU: the bound
+    monkeypatch.setattr(numerics, "cpu_drift", lambda: None)
     monkeypatch.setattr(numerics, "drift", lambda: "drifted")
     assert numerics.hf_tol(10, 128) == pytest.approx(reassociation_tol(10, 128, 1.0))
     assert numerics.hf_tol(30, 128, scale=4.0) == pytest.approx(30 * 128 * 2.0**-24 * 4.0)
