@@ -45,8 +45,10 @@ def test_hf_tolerance_is_strict_under_the_lock_and_a_reassociation_bound_otherwi
     assert numerics.hf_tol(30, 128) == 1e-5  # the locked build on the reference CPU: the strict tolerance
     monkeypatch.setattr(numerics, "cpu_drift", lambda: "another BLAS order")
     assert numerics.hf_tol(10, 128) == pytest.approx(reassociation_tol(10, 128, 1.0))  # another CPU: the bound
+    assert numerics.hf_tol(10, 128, any_cpu=True) == 1e-5  # ... unless the comparison is exact on any CPU
     monkeypatch.setattr(numerics, "cpu_drift", lambda: None)
     monkeypatch.setattr(numerics, "drift", lambda: "drifted")
     assert numerics.hf_tol(10, 128) == pytest.approx(reassociation_tol(10, 128, 1.0))
+    assert numerics.hf_tol(10, 128, any_cpu=True) == pytest.approx(reassociation_tol(10, 128, 1.0))
     assert numerics.hf_tol(30, 128, scale=4.0) == pytest.approx(30 * 128 * 2.0**-24 * 4.0)
     assert numerics.hf_tol(1, 8) == 1e-5  # never below the strict tolerance

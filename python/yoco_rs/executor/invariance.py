@@ -28,6 +28,8 @@ equivalence matrix and the transformers comparisons rely on it). Measured on MKL
   makes a token's output independent of the batch, of its chunking and of prefill vs decode at any
   context length; up to ``VALUE_PIECE`` keys it is also exactly transformers' ``p @ v`` (beyond, the
   oracle's own GEMM splits the sum at points that depend on its whole sequence length).
+* A GEMM over K = 4 terms (AltUp's predict) is rounded products added in order on the AMD EPYC and one
+  FMA chain on the Intel CPU (``SMALL_GEMM_FMA``, probed): elementwise ops reproduce either exactly.
 * Swapping a GEMM's operands (``k @ q^T`` instead of ``q @ k^T``) changes the rounding: the orientation
   is part of the contract (transformers' eager attention computes ``q @ k^T`` and ``p @ v``).
 """
@@ -62,6 +64,31 @@ def _min_gemm_rows() -> int:
 
 
 MIN_GEMM_ROWS = _min_gemm_rows()
+
+
+def _small_gemm_fuses() -> bool:
+    """Whether a batched matmul with K = 4 (transformers' AltUp predict: ``[H, A] @ [A, A]`` per token) sums
+    its terms as one FMA chain ``fma(h3, c3, fma(h2, c2, fma(h1, c1, h0 * c0)))`` (an Intel CPU with
+    MKL's AVX-512 kernels: measured) rather than rounding each product and adding in order (the AMD EPYC).
+    ``torch.addcmul`` is that FMA chain on the CPU, ``mul`` + ``add`` the other: the model's predict picks
+    the one this probe finds (``layer.AltUp.predict``), and fails loudly if neither matches."""
+    g = torch.Generator().manual_seed(5)
+    h, c = torch.randn(64, 4, 128, generator=g), torch.randn(64, 4, 4, generator=g)
+    with torch.inference_mode():
+        ref = torch.matmul(h.transpose(1, 2), c.transpose(1, 2)).transpose(1, 2)  # [T, i, H]
+        rounded, fused = h[:, None, 0] * c[:, :, 0, None], h[:, None, 0] * c[:, :, 0, None]
+        for k in range(1, 4):
+            rounded = rounded + h[:, None, k] * c[:, :, k, None]
+            fused = torch.addcmul(fused, h[:, None, k], c[:, :, k, None])
+    if torch.equal(rounded, ref):
+        return False
+    if torch.equal(fused, ref):
+        return True
+    raise RuntimeError("this CPU's batched matmul at K = 4 rounds neither as rounded products added in order "
+                       "nor as one FMA chain: AltUp predict cannot reproduce transformers (executor/invariance.py)")
+
+
+SMALL_GEMM_FMA = _small_gemm_fuses()
 MIN_KEYS = 16
 FMA_CHAIN_MAX = 192
 VALUE_PIECE = FMA_CHAIN_MAX

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from yoco_rs.attention import AttentionBackend, AttentionMetadata
+from yoco_rs.executor.invariance import SMALL_GEMM_FMA
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs
 from yoco_rs.models.gemma3n.fused import FusedParams
 from yoco_rs.models.gemma3n.ops import (
@@ -215,17 +216,22 @@ class AltUp(nn.Module, Projecting):
         """``pred[:, i] = h[:, i] + sum_k c[i*A + k] h[:, k]`` with ``c`` routed from stream 0.
 
         transformers computes the sum as a batched GEMM ``[H, A] @ [A, A]`` per token; with K = A that GEMM
-        rounds each product and adds them in order (no FMA), which is exactly what these elementwise ops do
-        (bit-identical, pinned by a test), in a fraction of the time. Tokens go in chunks of
-        ``PREDICT_CHUNK`` so the temporaries stay in cache."""
+        either rounds each product and adds them in order or runs one FMA chain, depending on the CPU's BLAS
+        (``invariance.SMALL_GEMM_FMA``, probed); these elementwise ops do exactly the same (``mul`` + ``add``
+        or ``addcmul``: bit-identical, pinned by a test) in a fraction of the time, and per token, so batch
+        invariant. Tokens go in chunks of ``PREDICT_CHUNK`` so the temporaries stay in cache."""
         t, a = h.shape[0], self.num_inputs
         coefs = self.lin(self.modalities(h[:, 0]), self.prediction_coefs.weight).view(t, a, a)
         out = torch.empty_like(h)
+        fma = h.device.type == "cpu" and SMALL_GEMM_FMA
         for s in range(0, t, PREDICT_CHUNK):
             hs, cs, o = h[s:s + PREDICT_CHUNK], coefs[s:s + PREDICT_CHUNK], out[s:s + PREDICT_CHUNK]
             torch.mul(hs[:, None, 0], cs[:, :, 0, None], out=o)
             for k in range(1, a):
-                o.add_(hs[:, None, k] * cs[:, :, k, None])
+                if fma:
+                    o.addcmul_(hs[:, None, k], cs[:, :, k, None])
+                else:
+                    o.add_(hs[:, None, k] * cs[:, :, k, None])
             o.add_(hs)
         return out
 
