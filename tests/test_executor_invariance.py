@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from numerics import cpu_drift
 from model_harness import PagedSim, Row, executor_from_hf
 from tiny import tiny_hf_model
 
