@@ -42,9 +42,18 @@ def test_too_many_compiles_at_once_is_a_503_with_retry_after_then_the_retry_succ
     big = {"model": MODEL, "prompt": "x", "max_tokens": 2,
            "guided_json": {"enum": [f"value-{i}" for i in range(100_000)]}}
     done = {}
+    # Build the compiler (its token trie) first: otherwise the big and the first small request wait
+    # for it together and the small one may take the only slot, leaving the big one the 503.
+    warm = httpx.post(srv.url + "/v1/completions", json=_small(0), timeout=120)
+    assert warm.status_code == 200, warm.text
 
     def hold_the_slot():
-        done["big"] = httpx.post(srv.url + "/v1/completions", json=big, timeout=120)
+        # A small request can still hold the slot at the moment the big one arrives: retry on 503
+        # so that the big one ends up compiling (and holding the slot) rather than refused.
+        for _ in range(50):
+            done["big"] = httpx.post(srv.url + "/v1/completions", json=big, timeout=120)
+            if done["big"].status_code != 503:
+                return
 
     th = threading.Thread(target=hold_the_slot)
     th.start()
