@@ -26,11 +26,12 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+PY = ["--frontend", "python"]  # the FastAPI server (Rust is yoco-serve's default since 2026-12-03)
 CONFIGS = {  # name -> yoco-serve flags
-    "fp+pc": [],
-    "fp": ["--no-enable-prefix-caching"],
-    "pc": ["--no-kv-sharing-fast-prefill"],
-    "none": ["--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
+    "fp+pc": PY,
+    "fp": [*PY, "--no-enable-prefix-caching"],
+    "pc": [*PY, "--no-kv-sharing-fast-prefill"],
+    "none": [*PY, "--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
     # The Rust serving path (fast prefill and prefix caching on, like fp+pc): its default (on the CPU,
     # synchronous scheduling), and async scheduling forced on.
     "rust": ["--frontend", "rust"],

@@ -50,7 +50,7 @@ def main() -> int:
         return rt
 
     engine_mod.build_runtime = build
-    return cli.main(argv)
+    return cli.main(["--frontend", "python", *argv])  # the FastAPI server (no longer the default)
 
 
 if __name__ == "__main__":

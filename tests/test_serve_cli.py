@@ -35,11 +35,12 @@ def test_help_names_every_vllm_flag_and_its_environment_variable():
             assert f"[env: {env_name(action.dest)}]" in " ".join(text.split()), action.dest
 
 
-def test_defaults_bind_localhost_8000_with_the_bundled_model(monkeypatch):
+def test_defaults_serve_the_bundled_model_on_localhost_8000_from_the_rust_front_end(monkeypatch):
     a = parse([], monkeypatch=monkeypatch)
     assert (a.host, a.port, model_dir(a)) == ("127.0.0.1", 8000, None)
     assert a.enable_prefix_caching is True and a.kv_sharing_fast_prefill is True
     assert engine_settings(a)["seed"] == 0
+    assert a.frontend == "rust"  # the Rust front end and step loop; --frontend python is the FastAPI server
 
 
 def test_environment_sets_flags_and_the_command_line_wins(monkeypatch):

@@ -1,6 +1,7 @@
 """GuideLLM, a load generator users already run against vLLM, completes against yoco-serve (concurrent
 profile, shared-prefix synthetic data) and the token counts it reports are the server's: per request
-the prompt tokens equal /tokenize of the prompt it sent, and in total they equal the server's counters."""
+the prompt tokens equal /tokenize of the prompt it sent, and in total they equal the server's counters.
+Against both front ends (``serve_helpers.FRONTENDS``)."""
 
 import importlib.util
 import json
@@ -11,12 +12,12 @@ import sys
 import httpx
 import pytest
 
-from serve_helpers import API_KEY, shared_fixture
+from serve_helpers import API_KEY, FRONTENDS, each_frontend
 
 # guidellm is in the test extra: a missing install fails here rather than skipping silently.
 assert importlib.util.find_spec("guidellm") is not None, "guidellm is not installed (make setup installs it)"
 
-srv = pytest.fixture(scope="session")(shared_fixture)
+srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -98,7 +98,7 @@ def test_rust_frontend_without_async_scheduling_gives_the_same_text(server, refe
 
 def test_async_scheduling_needs_the_rust_frontend():
     with pytest.raises(RuntimeError, match="--async-scheduling needs --frontend rust"):
-        CliServer("--async-scheduling", timeout=60)
+        CliServer("--frontend", "python", "--async-scheduling", timeout=60)
 
 
 def test_rust_frontend_stream_concatenates_to_the_same_text(server, reference):

@@ -137,10 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add("--uvicorn-log-level", default="warning",
           choices=("critical", "error", "warning", "info", "debug", "trace"), help="uvicorn's log level")
     p.add("--disable-progress", action="store_true", help="no progress bar while weights load")
-    p.add("--frontend", choices=("python", "rust"), default="python",
-          help="python: the FastAPI server (every endpoint and feature); rust: the Rust front end and step loop "
-               "(crates/yoco-server: completions, chat with images and audio, transcriptions, tools, structured "
-               "outputs, logprobs, render/tokenize, metrics)")
+    p.add("--frontend", choices=("python", "rust"), default="rust",
+          help="rust (default): the Rust front end and step loop (crates/yoco-server: every endpoint, HTTP, "
+               "validation, SSE and the scheduler off the GIL); python: the FastAPI server, kept for one release "
+               "for comparison and then retired (same endpoints, flags and error envelopes)")
     p.add("--data-parallel-size", type=_pos_int, default=1,
           help="step loops (each with its own copy of the model and KV pool) behind one front end, requests "
                "dispatched by prefix overlap and load; needs --frontend rust")

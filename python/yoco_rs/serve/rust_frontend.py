@@ -10,8 +10,8 @@ penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1
 (chat templates rendered in Rust), the render endpoints, ``/tokenize``, ``/detokenize`` and
 ``/version``, tool calling (``tools`` / ``tool_choice``, ``--enable-auto-tool-choice`` with
 ``--tool-call-parser``), and on a multimodal checkpoint images and audio in chat content parts and
-``/v1/audio/transcriptions``. Requests that need what it does not serve get a 400 naming the field. The
-default ``--frontend python`` serves the same.
+``/v1/audio/transcriptions``. Requests that need what it does not serve get a 400 naming the field. It is
+``yoco-serve``'s default; ``--frontend python`` (the FastAPI server) serves the same until it is retired.
 
 Images and audio: Rust parses the content parts, checks ``--limit-mm-per-prompt`` and renders the template
 with ``{"type": "image"}`` / ``{"type": "audio"}`` parts, then calls ``rust_media.MediaSeam`` off the step
@@ -42,7 +42,7 @@ from yoco_rs.engine import derive_seed
 from yoco_rs.executor.batch import plan_batch
 from yoco_rs.executor.grammar_mask import apply_token_bitmask_
 from yoco_rs.executor.sampler import RowParams, logprobs_topk
-from yoco_rs.runtime import Runtime, build_runtime
+from yoco_rs.runtime import Runtime, build_runtime, resolve_model_dir
 
 _NO_OUTPUT = np.zeros(0, dtype=np.int64)
 
@@ -232,6 +232,7 @@ def serve(args, settings, model: Optional[str], engine_kwargs: dict) -> int:
     kv = cfg.kv_events_config
     per_rank = dp > 1 and kv is not None and kv.active
     try:
+        resolve_model_dir(cfg.model)  # a bad model path is a usage error (exit 2), as on the Python server
         # Each step loop publishes its own KV events, on its own endpoint (vLLM's data-parallel convention).
         cfgs = [dataclasses.replace(cfg, kv_events_config=kv.for_rank(r)) if per_rank else cfg for r in range(dp)]
     except ValueError as e:

@@ -187,161 +187,171 @@ fn echo_prepends_the_prompt_text() {
     assert_eq!(v["choices"][0]["text"], json!(want));
 }
 
-fn assert_400(s: &TestServer, body: &str, param: &str, needle: &str) {
-    let (st, v) = s.json("/v1/completions", body);
-    assert_eq!(st, 400, "{body} -> {v}");
-    assert_eq!(v["error"]["code"], 400);
-    assert_eq!(v["error"]["type"], "BadRequestError");
-    assert_eq!(v["error"]["param"], json!(param), "{v}");
-    let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
-}
-
 #[test]
 fn bad_fields_are_400s_naming_the_field() {
     let s = TestServer::start(Opts::default());
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "max_tokens": 0}"#,
         "max_tokens",
         ">= 1",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "max_tokens": 100000}"#,
         "max_tokens",
         "maximum context length is 512",
     );
-    assert_400(&s, r#"{"prompt": "x", "n": 0}"#, "n", ">= 1");
-    assert_400(&s, r#"{"prompt": "x", "n": 100000}"#, "n", "--max-n");
-    assert_400(
-        &s,
+    s.assert_400("/v1/completions", r#"{"prompt": "x", "n": 0}"#, "n", ">= 1");
+    s.assert_400(
+        "/v1/completions",
+        r#"{"prompt": "x", "n": 100000}"#,
+        "n",
+        "--max-n",
+    );
+    s.assert_400(
+        "/v1/completions",
         r#"{"max_tokens": 1}"#,
         "prompt",
         "missing required field 'prompt'",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "seed": 18446744073709551616}"#,
         "seed",
         "64-bit range",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": [1, 18446744073709551616]}"#,
         "prompt",
         "holds token id 18446744073709551616, outside the vocabulary",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "temperature": NaN}"#,
         "temperature",
         "must be a finite number, got nan",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x\ud800"}"#,
         "prompt",
         "lone UTF-16 surrogate",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "allowed_token_ids": [1]}"#,
         "allowed_token_ids",
         "not supported",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "best_of": 2}"#,
         "best_of",
         "must equal n=1",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "truncate_prompt_tokens": 0}"#,
         "truncate_prompt_tokens",
         ">= 1",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "temperature": -1}"#,
         "temperature",
         "got -1",
     );
-    assert_400(&s, r#"{"prompt": "x", "top_p": 0}"#, "top_p", "top_p");
-    assert_400(&s, r#"{"prompt": "x", "top_k": -5}"#, "top_k", "got -5");
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
+        r#"{"prompt": "x", "top_p": 0}"#,
+        "top_p",
+        "top_p",
+    );
+    s.assert_400(
+        "/v1/completions",
+        r#"{"prompt": "x", "top_k": -5}"#,
+        "top_k",
+        "got -5",
+    );
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": [1, 99999999]}"#,
         "prompt",
         "outside the vocabulary",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": [-1]}"#,
         "prompt",
         "outside the vocabulary",
     );
-    assert_400(&s, r#"{"prompt": ""}"#, "prompt", "empty");
-    assert_400(
-        &s,
+    s.assert_400("/v1/completions", r#"{"prompt": ""}"#, "prompt", "empty");
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": [[]]}"#,
         "prompt",
         "empty list of token ids",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "stop_token_ids": [5000000]}"#,
         "stop_token_ids",
         "outside the vocabulary",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "min_tokens": 600, "max_tokens": 4}"#,
         "min_tokens",
         "min_tokens",
     );
     // Served since logprobs and penalties moved to the Rust front end; still refused by name:
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "logit_bias": {"5": 1}}"#,
         "logit_bias",
         "not supported",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "logprobs": 21}"#,
         "logprobs",
         "max_logprobs (20",
     );
-    assert_400(&s, r#"{"prompt": "x", "logprobs": -1}"#, "logprobs", ">= 0");
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
+        r#"{"prompt": "x", "logprobs": -1}"#,
+        "logprobs",
+        ">= 0",
+    );
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "prompt_logprobs": 99}"#,
         "prompt_logprobs",
         "max_logprobs",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "presence_penalty": 2.5}"#,
         "presence_penalty",
         "[-2, 2]",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "frequency_penalty": -3}"#,
         "frequency_penalty",
         "[-2, 2]",
     );
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "repetition_penalty": 0}"#,
         "repetition_penalty",
         "> 0",
     );
     let long: Vec<u32> = vec![300; 600];
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         &json!({"prompt": long}).to_string(),
         "prompt",
         "maximum context length is 512",
@@ -351,8 +361,8 @@ fn bad_fields_are_400s_naming_the_field() {
     assert_eq!(st, 400, "{v}");
     let (st, v) = s.json("/v1/completions", r#"{"prompt": {"a": 1}}"#);
     assert_eq!(st, 400, "{v}");
-    assert_400(
-        &s,
+    s.assert_400(
+        "/v1/completions",
         r#"{"prompt": "x", "max_tokens": "many"}"#,
         "max_tokens",
         "max_tokens must be an integer, got 'many'",

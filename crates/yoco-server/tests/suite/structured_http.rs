@@ -238,14 +238,6 @@ fn a_token_the_grammar_rejects_ends_the_sequence_as_an_abort() {
     s.wait_for("idle", |s| s.metric("yoco:num_requests_running") == 0.0);
 }
 
-fn assert_400(s: &TestServer, body: &str, param: &str, needle: &str) {
-    let (st, v) = s.json("/v1/completions", body);
-    assert_eq!(st, 400, "{body} -> {v}");
-    assert_eq!(v["error"]["param"], json!(param), "{body}: {v}");
-    let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains(needle), "{body}: {msg:?} lacks {needle:?}");
-}
-
 #[test]
 fn bad_constraints_are_400s_naming_the_field_and_admit_nothing() {
     let s = TestServer::start(Opts::default());
@@ -302,7 +294,7 @@ fn bad_constraints_are_400s_naming_the_field_and_admit_nothing() {
         ),
     ];
     for (body, param, needle) in cases {
-        assert_400(&s, body, param, needle);
+        s.assert_400("/v1/completions", body, param, needle);
     }
     assert_eq!(s.metric("yoco:prompt_tokens_total"), 0.0);
     // `text` is no constraint.

@@ -270,13 +270,7 @@ fn tool_request_errors_are_400s_naming_the_field() {
         ),
     ];
     for (extra, param, needle) in cases {
-        let (st, v) = s.json("/v1/chat/completions", &body(extra.clone()));
-        assert_eq!(st, 400, "{extra}: {v}");
-        assert_eq!(v["error"]["param"], param, "{extra}: {v}");
-        assert!(
-            v["error"]["message"].as_str().unwrap().contains(needle),
-            "{extra}: {v}"
-        );
+        s.assert_400("/v1/chat/completions", &body(extra.clone()), param, needle);
     }
     // Without --enable-auto-tool-choice, tools without tool_choice (auto) are refused.
     let plain = TestServer::start(Opts::default());

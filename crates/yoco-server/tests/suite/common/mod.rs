@@ -253,6 +253,19 @@ impl TestServer {
         )
     }
 
+    /// POSTs `body` to `path` and asserts the answer is the 400 envelope naming `param` whose message
+    /// contains `needle` (the shape every client mistake gets: `code` 400, `BadRequestError`).
+    pub fn assert_400(&self, path: &str, body: &str, param: &str, needle: &str) -> Value {
+        let (st, v) = self.json(path, body);
+        assert_eq!(st, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["code"], 400, "{body}: {v}");
+        assert_eq!(v["error"]["type"], "BadRequestError", "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{body}: {msg:?} lacks {needle:?}");
+        v
+    }
+
     /// The value of a metric series (first line starting with `name`).
     pub fn metric(&self, name: &str) -> f64 {
         let (_, m) = self.get("/metrics");
