@@ -202,8 +202,9 @@ def run_ray(a, reqs) -> dict:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        engine = dict(num_gpu_blocks_override=a.blocks, max_model_len=a.max_model_len, max_num_seqs=16)
-        serve.run(build_app(None, num_replicas=a.replicas, engine_kwargs=engine, num_cpus=0.5), name="yoco",
+        flags = ["--num-gpu-blocks-override", str(a.blocks), "--max-model-len", str(a.max_model_len),
+                 "--max-num-seqs", "16"]
+        serve.run(build_app(None, num_replicas=a.replicas, serve_args=flags, num_cpus=0.5), name="yoco",
                   route_prefix="/")
         return asyncio.run(drive(f"http://127.0.0.1:{port}", reqs, a.max_tokens, 2 * a.replicas))
     finally:

@@ -18,6 +18,8 @@ from typing import Optional
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from yoco_rs.serve.child_server import ChildServer
+
 API_KEY = "test-key"
 SHARED_ENGINE = dict(max_model_len=256, kv_cache_memory=64 << 20, max_num_seqs=32, seed=0)
 SHARED_LIMIT = 1 << 20  # request body bytes
@@ -141,42 +143,17 @@ def each_frontend(request):
     return shared_server(request.param)
 
 
-class CliServer:
-    """A real ``yoco-serve`` subprocess on a free port (``--port 0``; the URL comes from its ready line)."""
+class CliServer(ChildServer):
+    """A real ``yoco-serve`` subprocess on a free port (``--port 0``; the URL comes from its ready line),
+    started from the venv's console script as a user would."""
 
     def __init__(self, *flags: str, env: Optional[dict] = None, timeout: float = 180.0,
                  command: Optional[list] = None):
-        import subprocess
         import sys
 
         exe = command or [os.path.join(os.path.dirname(sys.executable), "yoco-serve")]
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        self.proc = subprocess.Popen([*exe, "--port", "0", "--disable-progress", *flags], stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, text=True, env=full_env)
-        self.lines: list[str] = []
-        self._ready = threading.Event()
-        self.url = None
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(timeout) or self.url is None:
-            self.kill()
-            raise RuntimeError("yoco-serve did not print its ready line:\n" + "".join(self.lines))
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if line.startswith("yoco-serve ready:"):
-                self.url = line.strip().rsplit(" ", 1)[-1]
-                self._ready.set()
-        self._ready.set()
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+        super().__init__(None, flags, env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout, command=exe,
+                         keep_lines=1_000_000)
 
 
 class RustServer(CliServer):

@@ -79,3 +79,40 @@ def test_engine_generate_without_params_uses_the_checkpoint_defaults(tmp_path):
         assert eng.get_default_sampling_params() == SamplingParams()
     finally:
         eng.close()
+
+
+def test_the_rust_server_takes_the_checkpoint_defaults_only_for_fields_a_request_leaves_unset(tmp_path):
+    import httpx
+
+    from engine_util import tiny_model_dir
+    from serve_helpers import RustServer
+
+    d = tiny_model_dir(str(tmp_path / "tiny"), seed=1)
+    _write(d, {"temperature": 0.6, "top_k": 64, "top_p": 0.5, "min_p": 0.01, "repetition_penalty": 1.25,
+               "eos_token_id": [1]})
+    srv = RustServer(d, "--max-model-len", "128", "--kv-cache-memory", str(16 << 20), api_key=None)
+    try:
+        def render(keys=("temperature", "top_k", "top_p", "min_p", "repetition_penalty"), **kw):
+            r = httpx.post(srv.url + "/v1/completions/render", json={"prompt": [5, 6], "max_tokens": 2, **kw},
+                           timeout=60)
+            assert r.status_code == 200, r.text
+            sp = r.json()[0]["sampling_params"]
+            return tuple(sp[k] for k in keys)
+
+        assert render() == (0.6, 64, 0.5, 0.01, 1.25)
+        assert render(temperature=0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0) == (0, -1, 1.0, 0.0, 1.0)
+        # The rendered parameters are the request's own where it sets them (penalties and logprobs too).
+        assert render(("presence_penalty", "frequency_penalty", "logprobs", "prompt_logprobs", "temperature"),
+                      presence_penalty=0.5, frequency_penalty=-0.25, logprobs=2, prompt_logprobs=1) == \
+            (0.5, -0.25, 2, 1, 0.6)
+    finally:
+        srv.stop()
+    srv = RustServer(d, "--max-model-len", "128", "--kv-cache-memory", str(16 << 20), "--generation-config", "vllm",
+                     api_key=None)
+    try:
+        r = httpx.post(srv.url + "/v1/completions/render", json={"prompt": [5, 6], "max_tokens": 2}, timeout=60)
+        sp = r.json()[0]["sampling_params"]
+        assert (sp["temperature"], sp["top_k"], sp["top_p"], sp["min_p"], sp["repetition_penalty"]) == \
+            (1.0, 0, 1.0, 0.0, 1.0)
+    finally:
+        srv.stop()

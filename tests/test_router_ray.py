@@ -20,7 +20,8 @@ from conftest import heavy
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 PER_FAMILY = 10
-ENGINE = dict(max_model_len=512, kv_cache_memory=64 << 20, max_num_seqs=8, seed=0)
+FLAGS = ["--max-model-len", "512", "--kv-cache-memory", str(64 << 20), "--max-num-seqs", "8", "--seed", "0",
+         "--metrics-prefix", "vllm"]
 
 
 def descendants() -> dict[int, str]:
@@ -77,8 +78,7 @@ def app_url():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         # serve.run waits until both replicas answer /health (each builds an engine: tens of seconds on
         # a loaded 2-core box; the replica gives up after 300 s, the module's timeout is 600 s).
-        serve.run(build_app(None, num_replicas=2, engine_kwargs=ENGINE, num_cpus=0.5,
-                            server_settings={"metrics_prefix": "vllm"}),
+        serve.run(build_app(None, num_replicas=2, serve_args=FLAGS, num_cpus=0.5),
                   name="yoco", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -94,7 +94,7 @@ def app_url():
 def test_app_wires_fractional_replicas_behind_rays_prefix_router():
     from yoco_rs.serve.ray import PREFIX_ROUTER, build_app
 
-    app = build_app(None, num_replicas=2, num_cpus=0.5, engine_kwargs=ENGINE)
+    app = build_app(None, num_replicas=2, num_cpus=0.5, serve_args=FLAGS)
     ingress = app._bound_deployment
     replica = ingress.init_args[0]._bound_deployment
     assert ingress.ray_actor_options["num_cpus"] == 0, "the ingress holds no engine"

@@ -1,16 +1,16 @@
 """Chat and the text endpoints on ``yoco-serve --frontend rust``, against two independent references:
 
-* the Python server (FastAPI, the shared in-process instance) on the same bundled checkpoint: greedy chat is
-  token-identical, streamed and not; render, tokenize, detokenize, version and the model card answer the
-  same; every metric name and label set the Python server exposes, the Rust server exposes too;
+* the Python ``Engine`` on the same bundled checkpoint: greedy chat is token-identical to ``Engine.chat``,
+  streamed and not; render, tokenize and detokenize answer exactly the engine's token ids and the sampling
+  parameters the request and the checkpoint's generation config give; every metric name and label set of
+  ``tests/data/served_metrics.json`` (what vLLM dashboards read, as the Python server exposed it) is served;
 * transformers' ``apply_chat_template``: the Rust rendering (minijinja, seen through the render endpoint's
   token ids and their decoding) is byte for byte transformers' text, over a corpus of conversations, for the
   bundled model's template, the released Gemma 3n template and the tool-aware template in
   ``serve/templates/``.
 
 One Rust server per module (it trusts request templates, so the corpus can send each template; its context is
-1024 tokens so the tool-aware renderings fit: the Python server's is 256, and the comparisons leave
-``max_model_len`` aside)."""
+1024 tokens so the tool-aware renderings fit)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_helpers import API_KEY, CliServer, shared_fixture
+import yoco_rs
+from serve_helpers import API_KEY, CliServer
+from yoco_rs import Engine, SamplingParams
 
 HERE = Path(__file__).parent
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 GEMMA3N_TEMPLATE = (HERE / "data" / "gemma3n_chat_template.jinja").read_text()
 TOOLS_TEMPLATE = (HERE.parent / "python" / "yoco_rs" / "serve" / "templates" / "gemma3n_tools.jinja").read_text()
-
-srv = pytest.fixture(scope="session")(shared_fixture)
-
 
 @pytest.fixture(scope="module")
 def rust():
@@ -67,66 +66,101 @@ def _stream(url: str, body: dict) -> list[dict]:
     return out[:-1]
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """The Python ``Engine`` on the same checkpoint: the greedy reference and the tokenizer."""
+    eng = Engine(max_model_len=1024, max_num_seqs=8, seed=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def reference_chat(engine):
+    # The conversations as the server hands them to the template (text parts joined with newlines).
+    outs = engine.chat([_template_input(c) for c in CONVERSATIONS],
+                       SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    return [(list(o.prompt_token_ids), o.outputs[0].text) for o in outs]
+
+
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
-def test_greedy_chat_is_token_identical_to_the_python_server_streamed_and_not(rust, srv, conv):
+def test_greedy_chat_is_token_identical_to_the_engine_streamed_and_not(rust, reference_chat, conv):
+    prompt_ids, want = reference_chat[conv]
     body = {"messages": CONVERSATIONS[conv], "max_completion_tokens": 20, "temperature": 0, "ignore_eos": True}
     a = post(rust.url, "/v1/chat/completions", body)
-    b = post(srv.url, "/v1/chat/completions", body)
-    assert a.status_code == b.status_code == 200, (a.text, b.text)
-    ra, rb = a.json(), b.json()
-    assert ra["choices"][0]["message"] == rb["choices"][0]["message"]
-    assert ra["choices"][0]["finish_reason"] == rb["choices"][0]["finish_reason"] == "length"
-    assert ra["usage"]["prompt_tokens"] == rb["usage"]["prompt_tokens"]
-    assert ra["usage"]["completion_tokens"] == rb["usage"]["completion_tokens"] == 20
-    assert ra["object"] == rb["object"] == "chat.completion"
+    assert a.status_code == 200, a.text
+    ra = a.json()
+    assert ra["object"] == "chat.completion" and ra["model"] == "yoco-tiny"
+    assert ra["choices"] == [{"index": 0, "message": {"role": "assistant", "content": want}, "logprobs": None,
+                              "finish_reason": "length", "stop_reason": None}]
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": 20, "total_tokens": len(prompt_ids) + 20}
+    assert {k: v for k, v in ra["usage"].items() if k != "prompt_tokens_details"} == usage
     sa = _stream(rust.url, {**body, "stream_options": {"include_usage": True}})
-    sb = _stream(srv.url, {**body, "stream_options": {"include_usage": True}})
+    assert sa[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]  # the role chunk
+    content = [c for c in sa[1:] if c["choices"]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in content) == want
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == sa[0]["id"] for c in sa)
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None] * (len(content) - 1) + ["length"]
+    assert all(set(c["choices"][0]) == {"index", "delta", "logprobs", "finish_reason", "stop_reason"}
+               for c in content)
+    assert sa[-1]["choices"] == [] and {k: v for k, v in sa[-1]["usage"].items() if k != "prompt_tokens_details"} \
+        == usage
+    # The second run of the same prompt finds it in the prefix cache (whole blocks of it).
+    assert 0 < sa[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] <= len(prompt_ids)
 
-    def text(chunks):
-        return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
 
-    assert text(sa) == text(sb) == rb["choices"][0]["message"]["content"]
-    assert sa[0]["choices"] == sb[0]["choices"]  # the role chunk
-    # Chunk for chunk the same choices (the plain deltas are spliced into pre-serialized bytes).
-    assert [c["choices"] for c in sa] == [c["choices"] for c in sb]
-    assert sa[-1]["usage"] == sb[-1]["usage"]
-    assert [c["choices"][0]["finish_reason"] for c in sa if c["choices"]][-1] == "length"
+def test_render_tokenize_and_detokenize_answer_exactly(rust, engine):
+    tok = engine.tokenizer
 
+    def rendered(conv, add_generation_prompt=True):
+        text = tok.apply_chat_template(_template_input(conv), add_generation_prompt=add_generation_prompt)
+        return tok.hf.encode(text, add_special_tokens=False).ids
 
-def test_render_tokenize_and_detokenize_answer_as_the_python_server(rust, srv):
+    conv1 = rendered(CONVERSATIONS[1])
     chat = {"messages": CONVERSATIONS[1], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
             "seed": 3, "stop": ["a", ""], "cache_salt": "s"}
     a = post(rust.url, "/v1/chat/completions/render", chat).json()
-    b = post(srv.url, "/v1/chat/completions/render", chat).json()
-    for k in ("request_id",):
-        assert a.pop(k).startswith("chatcmpl-") and b.pop(k).startswith("chatcmpl-")
-    assert a == b
+    assert a.pop("request_id").startswith("chatcmpl-")
+    assert a == {"token_ids": conv1, "features": None, "model": "yoco-tiny", "stream": False, "cache_salt": "s",
+                 "priority": 0, "sampling_params": SAMPLING | {  # the empty stop string is dropped (it matches nothing)
+                     "temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 3, "stop": ["a"], "max_tokens": 7}}
     # Fields a request leaves unset take the checkpoint's generation_config.json (vLLM's --generation-config
-    # auto), on both servers.
-    for url in (rust.url, srv.url):
-        sp = post(url, "/v1/chat/completions/render", {"messages": CONVERSATIONS[1]}).json()["sampling_params"]
-        assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (0.7, 0.95, 40), url
+    # auto): the bundled model's is temperature 0.7, top_p 0.95, top_k 40.
+    sp = post(rust.url, "/v1/chat/completions/render", {"messages": CONVERSATIONS[1]}).json()["sampling_params"]
+    assert (sp["temperature"], sp["top_p"], sp["top_k"]) == (0.7, 0.95, 40)
     comp = {"prompt": ["The sea", "A hill far away"], "max_tokens": 3, "temperature": 0.5, "top_p": 1.0, "top_k": -1,
             "min_p": 0.1, "stop": ["x"], "stop_token_ids": [5], "ignore_eos": True}
     a = post(rust.url, "/v1/completions/render", comp).json()
-    b = post(srv.url, "/v1/completions/render", comp).json()
-    assert [{k: v for k, v in x.items() if k != "request_id"} for x in a] == \
-        [{k: v for k, v in x.items() if k != "request_id"} for x in b]
-    for body in ({"prompt": "Hello there", "return_token_strs": True}, {"prompt": "x", "add_special_tokens": False},
-                 {"messages": CONVERSATIONS[2]}, {"messages": CONVERSATIONS[0], "add_generation_prompt": False}):
-        a, b = post(rust.url, "/tokenize", body), post(srv.url, "/tokenize", body)
-        assert a.status_code == b.status_code == 200, (a.text, b.text)
-        a, b = a.json(), b.json()
-        assert (a.pop("max_model_len"), b.pop("max_model_len")) == (1024, 256)
-        assert a == b
-    ids = post(srv.url, "/tokenize", {"messages": CONVERSATIONS[2]}).json()["tokens"]
-    assert post(rust.url, "/detokenize", {"tokens": ids}).json() == post(srv.url, "/detokenize", {"tokens": ids}).json()
-    assert httpx.get(rust.url + "/version").json() == httpx.get(srv.url + "/version").json()
-    a = httpx.get(rust.url + "/v1/models/tiny-alias", headers=AUTH).json()
-    b = httpx.get(srv.url + "/v1/models/tiny-alias", headers=AUTH).json()
-    a.pop("created"), b.pop("created")
-    assert (a.pop("max_model_len"), b.pop("max_model_len")) == (1024, 256)
-    assert a == b
+    assert [x.pop("request_id").startswith("cmpl-") for x in a] == [True, True]
+    assert a == [{"token_ids": engine.encode(p), "features": None, "model": "yoco-tiny", "stream": False,
+                  "cache_salt": None, "priority": 0, "sampling_params": SAMPLING | {
+                      "temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.1, "stop": ["x"],
+                      "stop_token_ids": [5], "max_tokens": 3, "ignore_eos": True}} for p in comp["prompt"]]
+    r = post(rust.url, "/tokenize", {"prompt": "Hello there", "return_token_strs": True}).json()
+    ids = engine.encode("Hello there")
+    assert r == {"count": len(ids), "max_model_len": 1024, "tokens": ids,
+                 "token_strs": [tok.hf.id_to_token(i) for i in ids]}
+    assert post(rust.url, "/tokenize", {"prompt": "x", "add_special_tokens": False}).json()["tokens"] == \
+        engine.encode("x", add_special_tokens=False)
+    conv2 = rendered(CONVERSATIONS[2])
+    assert post(rust.url, "/tokenize", {"messages": CONVERSATIONS[2]}).json()["tokens"] == conv2
+    conv0 = rendered(CONVERSATIONS[0], add_generation_prompt=False)
+    assert post(rust.url, "/tokenize", {"messages": CONVERSATIONS[0], "add_generation_prompt": False}
+                ).json()["tokens"] == conv0
+    assert post(rust.url, "/detokenize", {"tokens": conv2}).json() == {"prompt": engine.decode(conv2, False)}
+    assert httpx.get(rust.url + "/version").json() == {"version": yoco_rs.__version__}
+    card = httpx.get(rust.url + "/v1/models/tiny-alias", headers=AUTH).json()
+    assert card.pop("created") > 0
+    assert card == {"id": "tiny-alias", "object": "model", "owned_by": "yoco-rs", "root": "tiny-alias",
+                    "parent": None, "max_model_len": 1024, "permission": []}
+
+
+#: ``sampling_params`` of a render whose request sets nothing but what each case overrides (the bundled
+#: checkpoint's generation config for temperature, top_p and top_k).
+SAMPLING = {"n": 1, "temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.0, "seed": None, "stop": None,
+            "stop_token_ids": None, "max_tokens": None, "min_tokens": 0, "ignore_eos": False, "logprobs": None,
+            "prompt_logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "skip_special_tokens": True, "include_stop_str_in_output": False}
 
 
 def _families(url: str) -> dict:
@@ -140,11 +174,12 @@ def _families(url: str) -> dict:
     return out
 
 
-def test_every_metric_and_label_set_of_the_python_server_is_served(rust, srv):
+def test_every_metric_and_label_set_dashboards_read_is_served(rust):
     post(rust.url, "/v1/chat/completions", {"messages": CONVERSATIONS[0], "max_tokens": 3})
-    post(srv.url, "/v1/chat/completions", {"messages": CONVERSATIONS[0], "max_tokens": 3})
-    py, rs = _families(srv.url), _families(rust.url)
-    missing = {n: labels for n, labels in py.items() if not labels <= rs.get(n, set())}
+    rs = _families(rust.url)
+    want = json.loads((HERE / "data" / "served_metrics.json").read_text())
+    missing = {n: labels for n, labels in want.items()
+               if not {frozenset(ls) for ls in labels} <= rs.get(n, set())}
     assert not missing, missing
     assert rs["yoco:time_to_first_token_seconds_count"] and rs["yoco:request_params_n_bucket"]
 

@@ -1,7 +1,7 @@
 """Structured outputs over HTTP with the official ``openai`` client: ``beta.chat.completions.parse``
 with a Pydantic model, ``response_format`` json_object / json_schema, vLLM's ``structured_outputs``
 object and the older ``guided_*`` fields; bad constraints are 400s naming the problem; a hostile schema
-is answered within the budget while another request keeps streaming."""
+is answered within the budget while another request keeps streaming. Both front ends."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from structured_server import structured_fixture
+from structured_server import PARAMS, structured_fixture
 
-srv = pytest.fixture(scope="module")(structured_fixture)
+srv = pytest.fixture(scope="module", params=PARAMS)(structured_fixture)
 MODEL = "yoco-tiny"
 USER = [{"role": "user", "content": "Describe a person as JSON."}]
 

@@ -3,8 +3,8 @@ by a grammar over the tools' parameter schemas), auto (the pythonic parser), non
 responses and in streamed deltas, ``finish_reason: "tool_calls"``, and a round trip with the tool's
 result in the conversation. Plus the pieces alone: validation, parsers, the Gemma 3n tool template.
 
-The HTTP tests run against both front ends: the default (Python) server and ``--frontend rust``
-(``crates/yoco-server``: tools.rs, tool_parse.rs, tool_stream.rs), started with the same flags."""
+The HTTP tests run against both front ends: the default Rust one (``crates/yoco-server``: tools.rs,
+tool_parse.rs, tool_stream.rs) and ``--frontend python``, started with the same settings."""
 
 from __future__ import annotations
 
@@ -15,26 +15,12 @@ import jsonschema
 import openai
 import pytest
 
-from serve_helpers import CliServer
-from structured_server import ENGINE, structured_fixture
+from structured_server import PARAMS, structured_fixture
 from yoco_rs.serve.errors import APIError
 from yoco_rs.serve.tools import ToolPlan, parse_tool_calls, plan_tools, tool_template
 from yoco_rs.tokenizer import Tokenizer
 
-RUST_FLAGS = ("--frontend", "rust", "--max-model-len", str(ENGINE["max_model_len"]), "--kv-cache-memory", "128MiB",
-              "--max-num-seqs", str(ENGINE["max_num_seqs"]), "--seed", "0", "--served-model-name", "yoco-tiny",
-              "--structured-outputs-config", json.dumps(ENGINE["structured_outputs_config"]),
-              "--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
-
-
-@pytest.fixture(scope="module", params=["python", "rust"])
-def srv(request):
-    if request.param == "python":
-        yield from structured_fixture()
-        return
-    s = CliServer(*RUST_FLAGS)
-    yield s
-    s.kill()
+srv = pytest.fixture(scope="module", params=PARAMS)(structured_fixture)
 MODEL = "yoco-tiny"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "unit": {"enum": ["c", "f"]}},

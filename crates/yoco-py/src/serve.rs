@@ -338,6 +338,7 @@ pub fn serve_http(
             "top_p" => d.top_p = Some(v),
             "top_k" => d.top_k = Some(v as i64),
             "min_p" => d.min_p = Some(v),
+            "repetition_penalty" => d.repetition_penalty = Some(v),
             _ => {}
         }
     }

@@ -97,6 +97,8 @@ pub struct SamplingDefaults {
     pub top_k: Option<i64>,
     /// Min-p.
     pub min_p: Option<f64>,
+    /// Repetition penalty (vLLM's `--generation-config auto` applies it too).
+    pub repetition_penalty: Option<f64>,
 }
 
 impl AppConfig {

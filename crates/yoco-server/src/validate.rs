@@ -369,7 +369,7 @@ pub(crate) fn gen_params_for(
         2.0,
         0.0,
     )?;
-    let repetition_penalty = match r.sampling.repetition_penalty {
+    let repetition_penalty = match r.sampling.repetition_penalty.or(d.repetition_penalty) {
         None => 1.0,
         // Outside f32's range: clamp rather than round to 0 or inf (a divisor).
         Some(x) if x.is_finite() && x > 0.0 => {

@@ -1,9 +1,11 @@
 """An OpenAI-compatible Ray Serve app of N yoco-rs replicas with prefix-cache affinity.
 
-``build_app(model, num_replicas)`` returns a Ray Serve application: an ingress (FastAPI, no engine) in
-front of ``num_replicas`` engine replicas. Each replica runs a whole ``yoco-serve`` (the same routes,
-validation, errors, SSE and metrics as the CLI) on a loopback port inside its actor; the ingress hands
-each request to a replica through a Ray ``DeploymentHandle`` and relays the answer, streamed or not.
+``build_app(model, num_replicas, serve_args=[...])`` returns a Ray Serve application: an ingress (FastAPI,
+no engine) in front of ``num_replicas`` engine replicas. Each replica runs a whole ``yoco-serve`` (the Rust
+front end and its engine: the same routes, validation, errors, SSE and metrics as the CLI, with the same
+flags) as a child process of its actor, on a loopback port; the ingress hands each request to a replica
+through a Ray ``DeploymentHandle`` and relays the answer, streamed or not. A replica whose server exits
+fails Ray's health check and is replaced.
 
 Routing: with ``prefix_affinity`` (default) Ray's ``PrefixCacheAffinityRouter`` chooses the replica: while
 load is balanced it sends a request to the replica whose earlier prompts share the longest prefix with
@@ -17,7 +19,8 @@ several replicas share cores.
 
     from ray import serve
     from yoco_rs.serve.ray import build_app
-    serve.run(build_app(None, num_replicas=2, num_cpus=0.5), route_prefix="/")
+    serve.run(build_app(None, num_replicas=2, num_cpus=0.5, serve_args=["--max-model-len", "512"]),
+              route_prefix="/")
 
 Needs ``ray[serve]`` and ``pyarrow`` (the prefix router's module imports it).
 """
@@ -27,7 +30,9 @@ Needs ``ray[serve]`` and ``pyarrow`` (the prefix router's module imports it).
 # resolve and FastAPI would take `request` for a required query parameter (every call a 422).
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+from yoco_rs.serve.child_server import ChildServer as ReplicaServer
 
 #: Ray's prefix-aware router (the public ``ray.serve.llm.request_router`` path needs vLLM installed).
 PREFIX_ROUTER = "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"
@@ -59,11 +64,13 @@ def _routing_text(obj: Any) -> tuple[Any, Any]:
     return prompt, obj.get("messages")
 
 
-def build_app(model: Optional[str] = None, num_replicas: int = 2, *, engine_kwargs: Optional[dict] = None,
-              server_settings: Optional[dict] = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-              prefix_affinity: bool = True, router_kwargs: Optional[dict] = None, name: str = "yoco"):
-    """The Ray Serve application (pass it to ``serve.run``). ``engine_kwargs`` are ``EngineConfig`` fields,
-    ``server_settings`` ``ServerSettings`` fields (e.g. ``metrics_prefix="vllm"``)."""
+def build_app(model: Optional[str] = None, num_replicas: int = 2, *, serve_args: Sequence[str] = (),
+              num_cpus: float = 1.0, num_gpus: float = 0.0, prefix_affinity: bool = True,
+              router_kwargs: Optional[dict] = None, name: str = "yoco"):
+    """The Ray Serve application (pass it to ``serve.run``). ``serve_args`` are ``yoco-serve`` flags, passed
+    to every replica's server as they are (e.g. ``["--max-model-len", "4096", "--metrics-prefix", "vllm"]``;
+    ``--host`` and ``--port`` are the replica's own). A bad flag fails the replica's start with the
+    server's message."""
     import json
 
     import httpx
@@ -84,32 +91,15 @@ def build_app(model: Optional[str] = None, num_replicas: int = 2, *, engine_kwar
 
     @serve.deployment(**options)
     class YocoReplica:
-        """One engine and its yoco-serve, on a loopback port inside this actor."""
+        """One ``yoco-serve`` (the Rust front end and its engine) as a child process of this actor, on a
+        loopback port; the actor relays the ingress's requests to it."""
 
         def __init__(self) -> None:
-            os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(num_cpus))))
-            import socket
-            import threading
-            import time
-
-            import uvicorn
-
-            from yoco_rs import AsyncEngine
-            from yoco_rs.serve import ServerSettings, create_app
-
             self.replica_id = serve.get_replica_context().replica_tag
-            self.engine = AsyncEngine(model, **(engine_kwargs or {}))
-            app = create_app(self.engine, ServerSettings(**(server_settings or {})))
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-            threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-            deadline = time.monotonic() + 300
-            while httpx.get(self.url + "/health", timeout=5).status_code != 200:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the replica's yoco-serve did not become healthy")
-                time.sleep(0.1)
+            threads = str(max(1, int(num_cpus)))
+            self.server = ReplicaServer(model, serve_args, env={"OMP_NUM_THREADS": os.environ.get(
+                "OMP_NUM_THREADS", threads)})
+            self.url = self.server.url
             self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
 
         async def handle(self, req: RoutedRequest) -> dict:
@@ -129,10 +119,15 @@ def build_app(model: Optional[str] = None, num_replicas: int = 2, *, engine_kwar
         async def metrics(self) -> str:
             return (await self.client.get("/metrics")).text
 
+        def check_health(self) -> None:
+            """Ray Serve's health check: a replica whose server exited is unhealthy (Ray replaces it)."""
+            if not self.server.alive():
+                raise RuntimeError(f"the replica's yoco-serve exited:\n{self.server.log_tail()}")
+
         def __del__(self) -> None:
             server = getattr(self, "server", None)
             if server is not None:
-                server.should_exit = True
+                server.stop()
 
     api = FastAPI(title="yoco-rs on Ray Serve")
 
