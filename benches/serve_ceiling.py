@@ -1,6 +1,6 @@
-"""The serving path's ceiling, side by side: the Rust front end + step loop (``yoco-server``) and the
-Python/FastAPI ``yoco-serve``, both over a zero-cost executor, measured by the same Rust load client
-(``benches/rust/serve_load.rs``, one thread; its CPU share is reported) in one run.
+"""The serving path's ceiling: the Rust front end + step loop (``yoco-server``) over a zero-cost executor,
+measured by a Rust load client (``benches/rust/serve_load.rs``, one thread; its CPU share is reported).
+(The FastAPI server these figures were first measured against is retired; its figures stay in RESULTS.md.)
 
 1. Ceiling: 1 / 64 / 256 concurrent streams x 256 tokens (one burst): streamed tokens/s, TTFT
    p50/p95 of the burst, mean step period.
@@ -14,7 +14,7 @@ Python/FastAPI ``yoco-serve``, both over a zero-cost executor, measured by the s
 The Rust server runs with async scheduling (its default) and, in the same run, with
 ``--no-async-scheduling`` (``--rust-modes`` picks).
 
-    .venv/bin/python benches/serve_ceiling.py [--quick] [--servers python,rust] [--rust-modes async,sync]
+    .venv/bin/python benches/serve_ceiling.py [--quick] [--rust-modes async,sync]
 
 Prints a Markdown table (paste into benches/RESULTS.md with the date and the machine's load).
 """
@@ -76,13 +76,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         common = ["--port", str(self.port), "--max-num-seqs", "256", "--max-model-len", "4096"]
-        if kind.startswith("rust"):
-            mode = ["--no-async-scheduling"] if kind == "rust-sync" else []
-            cmd = [mock_bin, "--tokenizer", TOKENIZER, "--forward-ms", str(forward_ms), *common, *mode]
-        else:
-            cmd = [sys.executable, os.path.join(ROOT, "benches", "serve_mock_python.py"), "--forward-ms",
-                   str(forward_ms), "--", *common, "--num-gpu-blocks-override", "8192", "--uvicorn-log-level",
-                   "warning", "--disable-progress"]
+        mode = ["--no-async-scheduling"] if kind == "rust-sync" else []
+        cmd = [mock_bin, "--tokenizer", TOKENIZER, "--forward-ms", str(forward_ms), *common, *mode]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         wait_ready(self.url, self.proc)
@@ -133,16 +128,10 @@ def pct(v: list, p: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer tokens (a smoke run)")
-    ap.add_argument("--servers", default="python,rust", help="which servers to run (python, rust)")
     ap.add_argument("--rust-modes", default="async,sync", help="the Rust loop's scheduling modes to run")
     a = ap.parse_args()
     tokens = 64 if a.quick else 256
-    kinds = []
-    for k in a.servers.split(","):
-        if k == "rust":
-            kinds += ["rust" if m == "async" else "rust-sync" for m in a.rust_modes.split(",")]
-        else:
-            kinds.append(k)
+    kinds = ["rust" if m == "async" else "rust-sync" for m in a.rust_modes.split(",")]
     mock_bin, client = build()
     rows = []
     print(f"load before: {os.getloadavg()[0]:.2f}", flush=True)
@@ -161,8 +150,6 @@ def main() -> None:
     extra = []
     for kind in kinds:
         for fwd in (5.0, 0.0):
-            if kind == "python" and fwd == 0.0:
-                continue
             srv = Server(kind, mock_bin, fwd)
             try:
                 load(client, srv.url, 16, 8)

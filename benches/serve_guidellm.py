@@ -4,7 +4,7 @@ equal the server's (``yoco:prompt_tokens_total`` / ``yoco:generation_tokens_tota
 
     benches/serve_guidellm.sh                      # all four configs, concurrency 1, 4, 16
     .venv/bin/python benches/serve_guidellm.py --levels 1,4 --requests 16 --configs fp+pc
-    .venv/bin/python benches/serve_guidellm.py --configs fp+pc,rust,rust-async --rounds 2   # Rust vs Python
+    .venv/bin/python benches/serve_guidellm.py --configs fp+pc,async --rounds 2   # async scheduling on/off
 
 Needs ``make setup`` (guidellm 0.8.1 is in the locked dev dependencies). Runs
 offline: the tokenizer is the bundled model's directory. Prints a Markdown table (for RESULTS.md).
@@ -26,16 +26,13 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PY = ["--frontend", "python"]  # the FastAPI server (Rust is yoco-serve's default since 2026-12-03)
-CONFIGS = {  # name -> yoco-serve flags
-    "fp+pc": PY,
-    "fp": [*PY, "--no-enable-prefix-caching"],
-    "pc": [*PY, "--no-kv-sharing-fast-prefill"],
-    "none": [*PY, "--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
-    # The Rust serving path (fast prefill and prefix caching on, like fp+pc): its default (on the CPU,
-    # synchronous scheduling), and async scheduling forced on.
-    "rust": ["--frontend", "rust"],
-    "rust-async": ["--frontend", "rust", "--async-scheduling"],
+CONFIGS = {  # name -> yoco-serve flags (the FastAPI server of the earlier RESULTS tables is retired)
+    "fp+pc": [],
+    "fp": ["--no-enable-prefix-caching"],
+    "pc": ["--no-kv-sharing-fast-prefill"],
+    "none": ["--no-kv-sharing-fast-prefill", "--no-enable-prefix-caching"],
+    # fp+pc with async scheduling forced on (on the CPU it is off by default: the forward is synchronous).
+    "async": ["--async-scheduling"],
 }
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
@@ -194,8 +191,8 @@ def main(argv=None) -> int:
     print(f"\nWorkload: GuideLLM 0.8.1 concurrent profile, {args.requests} requests per level, synthetic text with "
           f"{args.prefix_count} shared prefixes of {args.prefix_tokens} tokens + {args.prompt_tokens} unique prompt "
           f"tokens, {args.output_tokens} output tokens (ignore_eos), {args.api}; {args.rounds} round(s), medians. "
-          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching; rust = --frontend rust (fp+pc; on the CPU "
-          f"it schedules synchronously by default), rust-async = the same with --async-scheduling.\n")
+          f"Configs: fp = fast prefill (--kv-sharing-fast-prefill), pc = prefix caching; async = fp+pc with "
+          f"--async-scheduling (on the CPU it schedules synchronously by default).\n")
     print("| config | concurrency | TTFT p50 ms | TTFT p95 ms | ITL mean ms | ITL p50 ms | output tok/s | "
           "prefix hit rate | cross rows / scheduled | GuideLLM tokens = server's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -213,18 +210,14 @@ def main(argv=None) -> int:
         for lv in levels:
             base = med("none", lv, "ttft_p50")
             print(f"| {lv} | " + " | ".join(f"{med(n, lv, 'ttft_p50') / base:.2f}" for n in names) + " |")
-    rust = [n for n in names if n.startswith("rust")]
-    if "fp+pc" in names and rust:
-        print("\nThe Rust serving path relative to the Python server (`fp+pc`, same run; TTFT p50, ITL mean, "
+    if "fp+pc" in names and "async" in names:
+        print("\nAsync scheduling relative to synchronous (`async` / `fp+pc`, same run; TTFT p50, ITL mean, "
               "output tok/s):\n")
-        print("| concurrency | " + " | ".join(f"{n}: TTFT / ITL / tok/s" for n in rust) + " |")
-        print("|---|" + "---|" * len(rust))
+        print("| concurrency | TTFT / ITL / tok/s |")
+        print("|---|---|")
         for lv in levels:
-            cells = []
-            for n in rust:
-                ratios = [med(n, lv, k) / med("fp+pc", lv, k) for k in ("ttft_p50", "itl_mean", "out_tps")]
-                cells.append(" / ".join(f"{x:.2f}" for x in ratios))
-            print(f"| {lv} | " + " | ".join(cells) + " |")
+            ratios = [med("async", lv, k) / med("fp+pc", lv, k) for k in ("ttft_p50", "itl_mean", "out_tps")]
+            print(f"| {lv} | " + " / ".join(f"{x:.2f}" for x in ratios) + " |")
     if mismatches:
         print(f"token counts differ for: {mismatches}", file=sys.stderr)
         return 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from serve_helpers import FRONTENDS, CliServer, LiveServer
+from serve_helpers import FRONTENDS, CliServer
 
 ENGINE = dict(max_model_len=1024, kv_cache_memory=128 << 20, max_num_seqs=32, seed=0,
               structured_outputs_config={"disable_any_whitespace": True, "time_budget_ms": 2000})
@@ -21,9 +21,6 @@ PARAMS = FRONTENDS
 
 def structured_fixture(request):
     """A module fixture's body (``params=PARAMS``): this front end's structured server."""
-    if request.param == "python":
-        s = LiveServer(engine_kwargs=ENGINE, enable_auto_tool_choice=True, tool_call_parser="pythonic")
-    else:
-        s = CliServer(*RUST_FLAGS)
+    s = CliServer(*RUST_FLAGS)
     yield s
     s.stop()

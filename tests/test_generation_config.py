@@ -9,8 +9,6 @@ import pytest
 from yoco_rs import Engine, SamplingParams
 from yoco_rs.generation_config import sampling_defaults
 from yoco_rs.serve.args import build_parser, engine_settings
-from yoco_rs.serve.protocol import CompletionRequest
-from yoco_rs.serve.validation import Limits, sampling_params
 
 
 def _write(d, cfg):
@@ -38,18 +36,6 @@ def test_bad_sources_and_values_are_clear_errors(tmp_path):
     d = _write(tmp_path / "m", {"top_p": 0})
     with pytest.raises(ValueError, match="top_p must be in"):
         sampling_defaults("auto", d)
-
-
-def test_server_requests_take_the_defaults_only_for_fields_they_leave_unset():
-    limits = Limits(max_model_len=100, max_logprobs=5, vocab_size=1000,
-                    sampling_defaults={"temperature": 0.7, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.2})
-    kw = dict(prompt_len=3, limits=limits, max_tokens=4, logprobs=None, stream=False, prompt_param="prompt")
-    sp = sampling_params(CompletionRequest(prompt="x"), **kw)
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.repetition_penalty) == (0.7, 40, 0.9, 0.0, 1.2)
-    sp = sampling_params(CompletionRequest(prompt="x", temperature=0, top_k=-1, top_p=1.0), **kw)
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.repetition_penalty) == (0, -1, 1.0, 1.2)
-    plain = sampling_params(CompletionRequest(prompt="x"), **{**kw, "limits": Limits(100, 5, 1000)})
-    assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
 
 
 def test_the_flag_is_vllms_and_reaches_the_engine_config():

@@ -1,7 +1,6 @@
 """KV events from a live yoco-serve (``kv_events_config``, the engine behind ``--kv-events-config``):
-what a prefix-aware router's indexer receives matches the prompts the server ran, from the default
-(Python) server and from ``--frontend rust`` (whose step loop owns the scheduler and feeds the same
-publisher)."""
+what a prefix-aware router's indexer receives matches the prompts the server ran (the Rust step loop
+owns the scheduler and feeds the publisher)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from serve_helpers import SHARED_ENGINE, LiveServer, RustServer
+from serve_helpers import RustServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,16 +24,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=["python", "rust"])
-def served(request):
+@pytest.fixture(scope="module")
+def served():
     port = free_port()
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}",
            "topic": "kv@127.0.0.1:0@yoco-tiny", "encoding": "map"}
-    if request.param == "python":
-        srv = LiveServer(engine_kwargs={**SHARED_ENGINE, "kv_events_config": cfg}, metrics_prefix="vllm")
-    else:
-        srv = RustServer("--kv-cache-memory", "64MiB", "--max-model-len", "512",
-                         "--metrics-prefix", "vllm", "--kv-events-config", json.dumps(cfg))
+    srv = RustServer("--kv-cache-memory", "64MiB", "--max-model-len", "512",
+                     "--metrics-prefix", "vllm", "--kv-events-config", json.dumps(cfg))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@")

@@ -3,10 +3,9 @@ content parts (data URLs, input_audio, several items, file:// under --allowed-lo
 openai client round trip with greedy tokens equal to the Engine's, /v1/audio/transcriptions (json,
 text, streaming), and a clear 400 for each kind of bad media.
 
-Every test runs against both front ends: the Python server (in process) and ``yoco-serve --frontend
-rust`` (a subprocess with the same settings as flags; its media seam is ``serve/rust_media.py``). On the
-Rust one the reference Engine is a separate in-process engine on the same checkpoint, and the media items
-still registered are what the server prints when it stops (the last test stops it)."""
+The server is ``yoco-serve`` as a subprocess with the settings as flags (its media seam is
+``serve/rust_media.py``); the reference Engine is a separate in-process engine on the same checkpoint, and
+the media items still registered are what the server prints when it stops (the last test stops it)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 from mm_tiny import image_bytes, random_audio, random_image, wav_bytes
-from serve_helpers import CliServer, LiveServer
+from serve_helpers import CliServer
 
 ENGINE = dict(max_model_len=512, kv_cache_memory=32 << 20, max_num_seqs=8, block_size=16, sub_block_size=4,
               max_num_batched_tokens=64, limit_mm_per_prompt={"image": 2, "audio": 1}, seed=0)
@@ -40,32 +39,8 @@ def media_dir(tmp_path_factory):
     return d
 
 
-class PythonMm:
-    """The Python front end in process: the reference Engine is the server's own."""
-
-    def __init__(self, model_dir, media_dir):
-        self.live = LiveServer(engine_kwargs=ENGINE, model=model_dir, allowed_local_media_path=str(media_dir),
-                               max_media_bytes=2 << 20)
-        self.url = self.live.url
-        self.model = self.live.engine.model_name
-
-    def reference(self):
-        return self.live.engine._loaded()
-
-    def wait_idle(self):
-        return self.live.wait_idle()
-
-    def media_requests_live(self) -> int:
-        eng = self.live.engine._loaded()
-        eng.check_invariants()
-        return eng._mm.num_requests()
-
-    def stop(self):
-        self.live.stop()
-
-
 class RustMm(CliServer):
-    """``yoco-serve --frontend rust`` with ENGINE's settings as flags."""
+    """``yoco-serve`` with ENGINE's settings as flags."""
 
     def __init__(self, model_dir, media_dir):
         super().__init__(
@@ -119,9 +94,9 @@ class RustMm(CliServer):
         self.kill()
 
 
-@pytest.fixture(scope="module", params=["python", "rust"])
-def srv(request, tiny_mm, media_dir):
-    s = (PythonMm if request.param == "python" else RustMm)(tiny_mm[0], media_dir)
+@pytest.fixture(scope="module")
+def srv(tiny_mm, media_dir):
+    s = RustMm(tiny_mm[0], media_dir)
     yield s
     s.stop()
 
@@ -272,13 +247,11 @@ def test_disconnects_mid_stream_leak_nothing(srv):
             assert resp.status_code == 200
             next(resp.iter_lines())
     m = srv.wait_idle()
-    assert m
-    if isinstance(srv, PythonMm):  # the Rust server's count is read when it stops (the last test)
-        assert srv.media_requests_live() == 0
+    assert m  # the media count is read when the server stops (the last test)
 
 
 def test_nothing_leaks_after_bad_and_good_media(srv):
-    # Last in the module: on the Rust front end this stops the server to read its count.
+    # Last in the module: this stops the server to read its count.
     m = srv.wait_idle()
     assert m
     assert srv.media_requests_live() == 0

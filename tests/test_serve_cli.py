@@ -40,7 +40,7 @@ def test_defaults_serve_the_bundled_model_on_localhost_8000_from_the_rust_front_
     assert (a.host, a.port, model_dir(a)) == ("127.0.0.1", 8000, None)
     assert a.enable_prefix_caching is True and a.kv_sharing_fast_prefill is True
     assert engine_settings(a)["seed"] == 0
-    assert a.frontend == "rust"  # the Rust front end and step loop; --frontend python is the FastAPI server
+    assert a.frontend == "rust"  # the only front end (the FastAPI server is retired)
 
 
 def test_environment_sets_flags_and_the_command_line_wins(monkeypatch):

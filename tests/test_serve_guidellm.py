@@ -1,7 +1,7 @@
 """GuideLLM, a load generator users already run against vLLM, completes against yoco-serve (concurrent
 profile, shared-prefix synthetic data) and the token counts it reports are the server's: per request
 the prompt tokens equal /tokenize of the prompt it sent, and in total they equal the server's counters.
-Against both front ends (``serve_helpers.FRONTENDS``)."""
+Against the shared server (``serve_helpers.FRONTENDS``)."""
 
 import importlib.util
 import json

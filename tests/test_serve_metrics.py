@@ -3,12 +3,9 @@ counters move by exactly what a request did."""
 
 import httpx
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serve_helpers import API_KEY, FRONTENDS, each_frontend
-from yoco_rs.serve import ServerSettings, ServerState
-from yoco_rs.serve.metrics import ServerMetrics
+from serve_helpers import API_KEY, FRONTENDS, RustServer, each_frontend
 
 srv = pytest.fixture(scope="session", params=FRONTENDS)(each_frontend)
 
@@ -83,20 +80,27 @@ def test_prefix_cache_counters_count_tokens(srv):
     assert h == cached > 0
 
 
-def test_vllm_prefix_and_deprecated_names_on_request(srv):
-    if srv.engine is None:
-        pytest.skip("white-box: the Python server's own metric registry (the Rust server's prefix and "
-                    "deprecated names are pinned by crates/yoco-server's metrics tests)")
-    state = ServerState(srv.engine, ServerSettings(served_model_names=["m"], metrics_prefix="vllm",
-                                                   compat_metric_names=True))
-    text = generate_latest(ServerMetrics(state).registry).decode()
-    names = {f.name for f in text_string_to_metric_families(text)}
+def _names(url: str) -> set:
+    return {f.name for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)}
+
+
+def test_vllm_prefix_and_deprecated_names_on_request():
+    srv = RustServer("--max-model-len", "128", "--kv-cache-memory", str(16 << 20), "--served-model-name", "m",
+                     "--metrics-prefix", "vllm", "--compat-metric-names", api_key=None)
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200, r.text
+        names = _names(srv.url)
+    finally:
+        srv.stop()
     for n in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
               "vllm:gpu_cache_usage_perc", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits",
               "vllm:gpu_prefix_cache_queries", "vllm:time_per_output_token_seconds",
               "vllm:inter_token_latency_seconds", "yoco:cross_decoder_rows"):
         assert n in names, n
     assert not any(n.startswith("yoco:") and n[5:] in ("num_requests_running", "prompt_tokens") for n in names)
-    plain = ServerState(srv.engine, ServerSettings(served_model_names=["m"]))
-    names = {f.name for f in text_string_to_metric_families(generate_latest(ServerMetrics(plain).registry).decode())}
+
+
+def test_deprecated_names_are_off_by_default(srv):
+    names = _names(srv.url)
     assert "yoco:gpu_cache_usage_perc" not in names and "yoco:kv_cache_usage_perc" in names

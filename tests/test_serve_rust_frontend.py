@@ -96,9 +96,9 @@ def test_rust_frontend_without_async_scheduling_gives_the_same_text(server, refe
         s.kill()
 
 
-def test_async_scheduling_needs_the_rust_frontend():
-    with pytest.raises(RuntimeError, match="--async-scheduling needs --frontend rust"):
-        CliServer("--frontend", "python", "--async-scheduling", timeout=60)
+def test_the_python_frontend_is_gone_with_a_clear_usage_error():
+    with pytest.raises(RuntimeError, match="invalid choice: 'python'"):
+        CliServer("--frontend", "python", timeout=60)
 
 
 def test_rust_frontend_stream_concatenates_to_the_same_text(server, reference):

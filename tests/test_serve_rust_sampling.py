@@ -1,7 +1,8 @@
 """Logprobs, penalties and structured outputs through the Rust front end (``yoco-serve --frontend rust``) on a
 random tiny model: the Rust step loop drives ``StepExecutor`` over the executor seam (logprob arrays out,
-grammar masks in). References: the Python ``Engine`` on the same checkpoint, its outputs formatted by the
-Python server's own ``serve/logprobs.py`` (what ``--frontend python`` answers), and ``jsonschema``.
+grammar masks in). References: the Python ``Engine`` on the same checkpoint, its outputs formatted by
+``tests/logprobs_reference.py`` (the retired Python server's formatting, OpenAI's and vLLM's shapes), and
+``jsonschema``.
 
 One server for the module, with a 24-block KV pool so that concurrent requests are preempted (the
 penalty counts and random streams must be restored from the resumed outputs)."""
@@ -21,7 +22,7 @@ from engine_util import tiny_model_dir
 from serve_helpers import CliServer
 from structured_cases import CHOICES, LARK, REGEXES, SCHEMAS
 from yoco_rs import Engine, SamplingParams, StructuredOutputsParams
-from yoco_rs.serve.logprobs import CompletionLogprobs, TokenText, merge_blocks, prompt_logprobs_json
+from logprobs_reference import CompletionLogprobs, TokenText, merge_blocks, prompt_logprobs_json
 
 CONFIG = dict(max_model_len=256, max_num_seqs=8, seed=0, block_size=16)
 # --async-scheduling: on the CPU it is off by default; forced here so the real executor runs on placeholders.
@@ -82,13 +83,13 @@ def _close(a, b, path="") -> None:
 
 
 @pytest.mark.parametrize("as_ids", [False, True])
-def test_completion_logprobs_equal_the_python_servers_streamed_and_not(server, engine, as_ids):
+def test_completion_logprobs_equal_the_reference_formatting_of_the_engines_streamed_and_not(server, engine, as_ids):
     prompt = engine.encode("The weather today is")
     body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logprobs": 3, "echo": True,
             "prompt_logprobs": 2, "return_tokens_as_token_ids": as_ids}
     got = _post(server, body)["choices"][0]
-    # The Python server: echo with logprobs asks max(prompt_logprobs, logprobs) prompt alternatives, then
-    # formats the engine's outputs with serve/logprobs.py.
+    # The reference: echo with logprobs asks max(prompt_logprobs, logprobs) prompt alternatives, then
+    # formats the engine's outputs with tests/logprobs_reference.py.
     out = engine.generate({"prompt_token_ids": prompt}, SamplingParams(
         temperature=0, max_tokens=8, ignore_eos=True, logprobs=3, prompt_logprobs=3), use_tqdm=False)[0]
     co = out.outputs[0]

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from serve_helpers import FRONTENDS, LiveServer, RustServer
+from serve_helpers import FRONTENDS, RustServer
 
 MODEL = "yoco-tiny"
 ENGINE = dict(max_model_len=512, kv_cache_memory=64 << 20, max_num_seqs=8, seed=0,
@@ -22,13 +22,10 @@ ENGINE = dict(max_model_len=512, kv_cache_memory=64 << 20, max_num_seqs=8, seed=
 
 @pytest.fixture(scope="module", params=FRONTENDS)
 def srv(request):
-    if request.param == "python":
-        s = LiveServer(engine_kwargs=ENGINE)
-    else:
-        s = RustServer("--max-model-len", "512", "--kv-cache-memory", str(ENGINE["kv_cache_memory"]),
-                       "--max-num-seqs", "8", "--seed", "0",
-                       "--structured-outputs-config", json.dumps(ENGINE["structured_outputs_config"]),
-                       api_key=None)
+    s = RustServer("--max-model-len", "512", "--kv-cache-memory", str(ENGINE["kv_cache_memory"]),
+                   "--max-num-seqs", "8", "--seed", "0",
+                   "--structured-outputs-config", json.dumps(ENGINE["structured_outputs_config"]),
+                   api_key=None)
     yield s
     s.stop()
 

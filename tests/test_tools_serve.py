@@ -1,10 +1,9 @@
 """Tool calling over HTTP with the official ``openai`` client: ``tool_choice`` required / named (enforced
 by a grammar over the tools' parameter schemas), auto (the pythonic parser), none; ``tool_calls`` in
 responses and in streamed deltas, ``finish_reason: "tool_calls"``, and a round trip with the tool's
-result in the conversation. Plus the pieces alone: validation, parsers, the Gemma 3n tool template.
-
-The HTTP tests run against both front ends: the default Rust one (``crates/yoco-server``: tools.rs,
-tool_parse.rs, tool_stream.rs) and ``--frontend python``, started with the same settings."""
+result in the conversation; the flags auto needs; the Gemma 3n tool template alone. The server is
+``crates/yoco-server`` (tools.rs, tool_parse.rs, tool_stream.rs; its parsers' unit cases are in
+``crates/yoco-server/tests/suite/tool_parsers.rs``)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,9 @@ import jsonschema
 import openai
 import pytest
 
+from serve_helpers import API_KEY, shared_server
 from structured_server import PARAMS, structured_fixture
-from yoco_rs.serve.errors import APIError
-from yoco_rs.serve.tools import ToolPlan, parse_tool_calls, plan_tools, tool_template
+from yoco_rs.serve.rust_frontend import tool_template
 from yoco_rs.tokenizer import Tokenizer
 
 srv = pytest.fixture(scope="module", params=PARAMS)(structured_fixture)
@@ -195,33 +194,20 @@ def test_tool_request_errors_are_400s(srv):
         assert needle in r.json()["error"]["message"], r.text
 
 
-class _Req:
-    def __init__(self, tools, tool_choice):
-        self.tools, self.tool_choice = tools, tool_choice
-
-
 def test_auto_needs_the_server_flags_and_is_what_tools_without_tool_choice_mean():
-    with pytest.raises(APIError, match="--enable-auto-tool-choice"):
-        plan_tools(_Req(TOOLS, "auto"), auto_enabled=False, parser=None)
-    with pytest.raises(APIError, match="--enable-auto-tool-choice"):  # never silently ignored (vLLM: 400)
-        plan_tools(_Req(TOOLS, None), auto_enabled=False, parser=None)
-    assert plan_tools(_Req(TOOLS, "none"), auto_enabled=False, parser=None).mode == "none"
-    assert plan_tools(_Req(TOOLS, None), auto_enabled=True, parser="pythonic").mode == "auto"
+    # The shared server runs without --enable-auto-tool-choice (and a 256-token context: one small tool).
+    plain = shared_server()
+    auth = {"Authorization": f"Bearer {API_KEY}"}
 
+    def post(**kw):
+        return httpx.post(plain.url + "/v1/chat/completions", headers=auth, timeout=120,
+                          json={"model": MODEL, "messages": USER, "max_tokens": 2, "tools": TOOLS[1:], **kw})
 
-def test_parsers_read_pythonic_and_json_calls_and_leave_other_text_alone():
-    tools = [t["function"] for t in TOOLS]
-    auto = ToolPlan("auto", tools, None, "pythonic")
-    content, calls = parse_tool_calls('[get_weather(city="Oslo", unit="c"), get_time(zone="utc")]', auto)
-    assert content is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
-           [("get_weather", {"city": "Oslo", "unit": "c"}), ("get_time", {"zone": "utc"})]
-    for text in ("hello", "[unknown_fn(a=1)]", "[get_time(zone=utc)]", "[get_time('x')]"):
-        assert parse_tool_calls(text, auto) == (text, [])
-    js = ToolPlan("auto", tools, None, "json")
-    content, calls = parse_tool_calls('Sure. <tool_call>{"name": "get_time", "arguments": {"zone": "cet"}}</tool_call>',
-                                      js)
-    assert content == "Sure." and calls[0]["function"]["name"] == "get_time"
+    for kw in ({"tool_choice": "auto"}, {}):  # never silently ignored (vLLM: 400)
+        r = post(**kw)
+        assert r.status_code == 400 and "--enable-auto-tool-choice" in r.json()["error"]["message"], r.text
+    r = post(tool_choice="none")
+    assert r.status_code == 200 and not r.json()["choices"][0]["message"].get("tool_calls"), r.text
 
 
 def test_tool_template_renders_tools_calls_and_results():

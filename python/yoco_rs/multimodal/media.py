@@ -1,7 +1,7 @@
 """Media in: bytes, data URLs, arrays and PIL images to checked images and 16 kHz waveforms.
 
-The interface both front ends share (the FastAPI server calls it today; the Rust front end can call it
-through the executor side later): bytes in, a PIL image or a float32 waveform out, or a
+What the serving path's media seam (``serve/rust_media.py``, called by the Rust front end) and the engine
+use: bytes in, a PIL image or a float32 waveform out, or a
 :class:`MediaError` (a ``ValueError``) whose message names what is wrong, which servers return as a
 400. Nothing here touches the network or the file system: fetching URLs is the server's business
 (``serve/media_fetch.py``).

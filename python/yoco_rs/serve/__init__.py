@@ -1,13 +1,9 @@
-"""``yoco-serve``: an OpenAI-compatible HTTP server over ``AsyncEngine``, shaped like vLLM's.
+"""``yoco-serve``: an OpenAI-compatible HTTP server shaped like vLLM's. The server itself is Rust
+(``crates/yoco-server``); this package holds what Python keeps: the flags (``args``), the console script
+(``cli``), the settings, the executor the Rust step loop drives (``rust_frontend``), the media seam
+(``rust_media``, ``chat_media``, ``media_fetch``), a child-process runner (``child_server``) and the Ray
+Serve application (``ray``)."""
 
-``create_app(engine, ServerSettings(...))`` builds the ASGI app; ``yoco_rs.serve.cli:main`` is the
-console script. One concept per module: ``protocol`` (request bodies), ``body`` (parsing into 400s),
-``validation`` (prompts and SamplingParams), ``completions``/``chat`` (the generation endpoints),
-``sse`` (streaming, disconnects), ``logprobs``, ``tokenize``, ``metrics`` (Prometheus),
-``middleware`` (request ids, body limit, auth), ``state`` (admission and engine facts), ``args``/``cli``.
-"""
+from yoco_rs.serve.settings import ServerSettings
 
-from yoco_rs.serve.app import begin_drain, create_app
-from yoco_rs.serve.state import ServerSettings, ServerState
-
-__all__ = ["create_app", "begin_drain", "ServerSettings", "ServerState"]
+__all__ = ["ServerSettings"]

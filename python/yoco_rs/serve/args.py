@@ -135,20 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
           help="also publish deprecated vLLM metric names (gpu_cache_usage_perc, gpu_prefix_cache_*, "
                "time_per_output_token_seconds) for older scrapers such as production-stack's router")
     p.add("--uvicorn-log-level", default="warning",
-          choices=("critical", "error", "warning", "info", "debug", "trace"), help="uvicorn's log level")
+          choices=("critical", "error", "warning", "info", "debug", "trace"),
+          help="accepted for vLLM compatibility; the Rust front end has no uvicorn")
     p.add("--disable-progress", action="store_true", help="no progress bar while weights load")
-    p.add("--frontend", choices=("python", "rust"), default="rust",
-          help="rust (default): the Rust front end and step loop (crates/yoco-server: every endpoint, HTTP, "
-               "validation, SSE and the scheduler off the GIL); python: the FastAPI server, kept for one release "
-               "for comparison and then retired (same endpoints, flags and error envelopes)")
+    p.add("--frontend", choices=("rust",), default="rust",
+          help="the Rust front end and step loop (crates/yoco-server: every endpoint, HTTP, validation, SSE and "
+               "the scheduler off the GIL), the only one since the FastAPI server was retired; kept so that "
+               "scripts passing it still run")
     p.add("--data-parallel-size", type=_pos_int, default=1,
           help="step loops (each with its own copy of the model and KV pool) behind one front end, requests "
-               "dispatched by prefix overlap and load; needs --frontend rust")
+               "dispatched by prefix overlap and load")
     p.add("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
           help="plan step N+1 while step N runs, its decodes on placeholder tokens (vLLM's async scheduling; "
-               "stop strings then end a request one step late, the extra token not emitted). Default: on with "
-               "--frontend rust on a GPU, off on the CPU (its forward is synchronous: planning ahead would only delay "
-               "each token by a step); the Python engine schedules synchronously")
+               "stop strings then end a request one step late, the extra token not emitted). Default: on "
+               "on a GPU, off on the CPU (its forward is synchronous: planning ahead would only delay each token "
+               "by a step)")
     _add_hardening_flags(p)
 
     p.add("--tokenizer", help="tokenizer directory (default: the model directory)")
@@ -232,7 +233,8 @@ def _add_hardening_flags(p: _Parser) -> None:
           help="seconds one chat-template rendering may take (a 400 past it)")
     p.add("--allowed-origins", nargs="+", metavar="ORIGIN",
           help="browser origins allowed by CORS (e.g. http://localhost:3000); none: no CORS headers")
-    p.add("--disable-fastapi-docs", action="store_true", help="do not serve /docs and /openapi.json")
+    p.add("--disable-fastapi-docs", action="store_true",
+          help="accepted for vLLM compatibility; the Rust front end serves no /docs or /openapi.json")
     p.add("--max-consecutive-step-failures", type=_pos_int, default=3,
           help="failing engine steps in a row that declare the engine dead (the server exits 1); a single "
                "failure only fails the requests of that step")

@@ -11,7 +11,7 @@ penalties, structured outputs), ``/v1/models``, ``/health``, ``/metrics``, ``/v1
 ``/version``, tool calling (``tools`` / ``tool_choice``, ``--enable-auto-tool-choice`` with
 ``--tool-call-parser``), and on a multimodal checkpoint images and audio in chat content parts and
 ``/v1/audio/transcriptions``. Requests that need what it does not serve get a 400 naming the field. It is
-``yoco-serve``'s default; ``--frontend python`` (the FastAPI server) serves the same until it is retired.
+``yoco-serve``'s only front end (the FastAPI server it replaced is retired).
 
 Images and audio: Rust parses the content parts, checks ``--limit-mm-per-prompt`` and renders the template
 with ``{"type": "image"}`` / ``{"type": "audio"}`` parts, then calls ``rust_media.MediaSeam`` off the step
@@ -178,8 +178,6 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
     checkpoint's) and the special tokens it sees, the template's budget, the generation config's sampling
     defaults, and the flags the Python server also takes (CORS, metric names, version)."""
     import yoco_rs
-    from yoco_rs.serve.metrics import cache_config_info
-    from yoco_rs.serve.tools import tool_template
 
     tok = rt.tokenizer
     special = [(k, v) for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token),
@@ -199,6 +197,28 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
         # shipped tool-aware template (never the checkpoint's, as the Python server does).
         enable_auto_tool_choice=bool(settings.enable_auto_tool_choice), tool_call_parser=settings.tool_call_parser,
         tool_chat_template=settings.chat_template or tool_template())
+
+
+def cache_config_info(cfg: EngineConfig) -> dict:
+    """The labels of ``cache_config_info`` (vLLM's CacheConfig info series) for an ``EngineConfig``."""
+    return {
+        "block_size": cfg.block_size,
+        "sub_block_size": cfg.sub_block_size,
+        "enable_prefix_caching": cfg.enable_prefix_caching,
+        "kv_sharing_fast_prefill": cfg.kv_sharing_fast_prefill,
+        "num_gpu_blocks": getattr(cfg, "num_gpu_blocks_override", None),
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "dtype": cfg.dtype,
+    }
+
+
+def tool_template() -> str:
+    """The tool-aware Gemma 3n chat template shipped with yoco-serve (``serve/templates/``)."""
+    from importlib import resources
+
+    return resources.files("yoco_rs.serve").joinpath("templates/gemma3n_tools.jinja").read_text(encoding="utf-8")
 
 
 def _media_settings(rt: Runtime, settings) -> dict:
@@ -301,4 +321,4 @@ def _serve_http(rts, executors, rt, args, settings, names, c, async_on, ready) -
         **_chat_and_metrics_settings(rt, settings), **_media_settings(rt, settings))
 
 
-__all__ = ["StepExecutor", "async_scheduling_on", "serve", "UNSUPPORTED_FLAGS"]
+__all__ = ["StepExecutor", "async_scheduling_on", "cache_config_info", "serve", "tool_template", "UNSUPPORTED_FLAGS"]

@@ -24,7 +24,6 @@ from yoco_rs.multimodal.processor import placeholders
 from yoco_rs.serve.chat_media import MediaContext, MediaRef, resolve
 from yoco_rs.serve.errors import APIError
 from yoco_rs.serve.media_fetch import MediaPolicy
-from yoco_rs.serve.transcriptions import transcription_prompt
 
 Prepared = tuple  # (token ids int32 [P], [(offset, length, identifier)], items)
 
@@ -75,4 +74,18 @@ class MediaSeam:
         return np.asarray(ids, dtype=np.int32), placeholders(items), items
 
 
-__all__ = ["MediaSeam"]
+#: ISO 639-1 codes of ``/v1/audio/transcriptions``' ``language`` and the names the prompt gives them.
+LANGUAGES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "pt": "Portuguese",
+             "nl": "Dutch", "ja": "Japanese", "ko": "Korean", "zh": "Chinese", "ru": "Russian", "ar": "Arabic",
+             "hi": "Hindi", "pl": "Polish", "tr": "Turkish", "sv": "Swedish", "uk": "Ukrainian", "id": "Indonesian"}
+
+
+def transcription_prompt(language: str | None, prompt: str | None) -> str:
+    """Gemma 3n's transcription request, one audio placeholder (what vLLM sends the model)."""
+    into = f" into {LANGUAGES[language]}" if language else ""
+    extra = f" {prompt.strip()}" if prompt and prompt.strip() else ""
+    return (f"<start_of_turn>user\nTranscribe this audio{into}: <audio_soft_token>{extra}<end_of_turn>\n"
+            "<start_of_turn>model\n")
+
+
+__all__ = ["LANGUAGES", "MediaSeam", "transcription_prompt"]

@@ -1,5 +1,6 @@
-"""Logprobs in the two OpenAI shapes: completions (``tokens``/``token_logprobs``/``top_logprobs``/
-``text_offset``) and chat (``content: [{token, logprob, bytes, top_logprobs}]``), plus vLLM's
+"""The reference formatting of logprobs for the serving tests (the retired Python server's
+``serve/logprobs.py``): an independent implementation of what the Rust front end answers. Logprobs in
+the two OpenAI shapes: completions (``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``) and chat (``content: [{token, logprob, bytes, top_logprobs}]``), plus vLLM's
 ``prompt_logprobs`` (per prompt position: null or ``{token_id: {logprob, rank, decoded_token}}``)."""
 
 from __future__ import annotations
