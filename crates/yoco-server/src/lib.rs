@@ -24,6 +24,11 @@
 //!
 //! No pyo3 here: a Python executor plugs in through the bindings crate implementing
 //! [`executor::Executor`]. Benchmarks and protocol tests use [`executor::MockModel`].
+//!
+//! "The Python server" and `serve/*.py` in this crate's docs name the FastAPI server this crate was
+//! written to match (its words, its behaviour), retired on 2026-12-03: it is in the git history
+//! (before commit "Retire the FastAPI server"); the modules still in `python/yoco_rs/serve` are
+//! `rust_frontend.py`, `rust_media.py`, `chat_media.py` and `media_fetch.py`.
 
 #![warn(missing_docs)]
 

@@ -42,7 +42,7 @@ class MediaSeam:
         """``refs``: ``(modality, location, url, data, format)`` per media part, in order."""
         mrefs = [MediaRef(m, where, url=url, data=data, fmt=fmt) for m, where, url, data, fmt in refs]
         try:
-            items = resolve(mrefs, MediaContext(self._proc, self.policy, None))
+            items = resolve(mrefs, MediaContext(self._proc, self.policy))
         except APIError as e:
             return e.message
         try:
