@@ -145,7 +145,7 @@ def test_with_k_1_a_step_failure_kills_the_engine_and_fails_streams():
         def boom(*a, **k):
             raise RuntimeError("device lost")
 
-        eng._engine._exec.execute = boom
+        eng._executor._runner.execute = boom
         with pytest.raises(EngineDeadError, match="device lost"):
             async for _ in eng.stream("hi", greedy(3)):
                 pass

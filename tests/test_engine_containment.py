@@ -35,7 +35,7 @@ def reference():
 
 def _fail_steps(engine: AsyncEngine, which, exc=DeviceLost("device lost")) -> list:
     """The executor raises ``exc`` on the steps whose 1-based index is in ``which`` (a set, or 'all')."""
-    runner = engine._engine._runner
+    runner = engine._executor._runner
     real = runner.execute
     calls = []
 
@@ -67,9 +67,9 @@ def test_a_failing_step_fails_exactly_its_requests_and_the_others_finish_correct
             results = await asyncio.gather(*(_collect(s) for s in streams.values()))
             got = dict(zip(streams, results))
             await asyncio.sleep(0.05)
-            return got, eng.get_metrics(), eng.is_dead, eng._engine
+            return got, eng.get_metrics(), eng.is_dead
 
-    got, m, dead, inner = asyncio.run(asyncio.wait_for(main(), 120))
+    got, m, dead = asyncio.run(asyncio.wait_for(main(), 120))
     assert not dead
     for rid in ("a", "b"):
         outs, err = got[rid]
@@ -123,7 +123,7 @@ def test_every_queued_caller_gets_the_error_within_a_second_when_the_engine_dies
 
     async def main():
         async with AsyncEngine(max_consecutive_step_failures=1, **SETTINGS) as eng:
-            runner = eng._engine._runner
+            runner = eng._executor._runner
 
             def dying(*a, **k):  # a slow step that then kills the engine
                 time.sleep(0.5)

@@ -131,3 +131,26 @@ def test_a_text_only_model_refuses_multi_modal_data():
         assert e.mm_processor is None
         with pytest.raises(ValueError, match="takes no image or audio"):
             e.generate({"prompt": "hi", "multi_modal_data": {"image": random_image(1)}})
+
+
+def test_async_engine_gives_the_engine_s_tokens_for_image_prompts_and_frees_their_items(tiny_mm, engine):
+    """The same images through AsyncEngine (the Rust step loop, items registered with its executor) give
+    the Engine's tokens, the second request hits the prefix cache, and no item stays registered."""
+    import asyncio
+
+    from yoco_rs import AsyncEngine
+
+    want = [run(engine, image_prompt(s)).outputs[0].token_ids for s in (21, 22)]
+
+    async def main():
+        async with AsyncEngine(tiny_mm[0], block_size=16, sub_block_size=4, max_num_batched_tokens=32,
+                               kv_cache_memory=32 << 20, max_model_len=512,
+                               limit_mm_per_prompt={"image": 2, "audio": 1}) as eng:
+            outs = await asyncio.gather(*(eng.generate(image_prompt(s), greedy()) for s in (21, 22)))
+            again = await eng.generate(image_prompt(21), greedy())
+            return outs, again, eng._executor.num_media_requests()
+
+    outs, again, live = asyncio.run(asyncio.wait_for(main(), 300))
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert again.outputs[0].token_ids == want[0] and again.num_cached_tokens > 0
+    assert live == 0

@@ -79,6 +79,33 @@ class StepMasks:
         into the plan's ``sample_rows``; bit ``t % 32`` of word ``t // 32`` allows token ``t``."""
         ...
 
+class EngineLoop:
+    """The Rust step loop (the one ``serve_http`` runs) over one ``StepExecutor``: what ``AsyncEngine``
+    runs. Scheduling, detokenization, stop strings and grammar masks in Rust; the executor called once
+    per step with the GIL held only for that call."""
+
+    def __init__(self, scheduler: "Scheduler", executor: Any, *, tokenizer_file: str, eos_token_ids: list[int],
+                 vocab_size: int, max_consecutive_failures: int = 3, async_scheduling: bool = False) -> None: ...
+    def submit(self, prompt: list[int], max_tokens: int, *, min_tokens: int = 0, ignore_eos: bool = False,
+               stop_token_ids: list[int] = ..., stop: list[str] = ..., include_stop_str: bool = False,
+               skip_special_tokens: bool = True, stream: bool = True, cache_salt: Optional[str] = None,
+               priority: int = 0, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+               min_p: float = 0.0, seed: Optional[int] = None, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: Optional[int] = None,
+               prompt_logprobs: Optional[int] = None, grammar: Optional["CompiledGrammar"] = None,
+               mm_placeholders: list[tuple[int, int, str]] = ..., mm_items: Any = None) -> int:
+        """Queue one completion; its loop id. ``EngineDied`` once the loop has stopped."""
+        ...
+    def abort(self, id: int) -> None: ...
+    def poll(self, timeout: float) -> list[tuple]:
+        """Wait up to ``timeout`` s (GIL released) for events: ``(id, token_id | None, text, logprob | None,
+        prompt_logprobs | None)`` deltas and ``(id, finished: dict)`` ends."""
+        ...
+    def is_dead(self) -> bool: ...
+    def dead_error(self) -> Optional[str]: ...
+    def stats(self) -> dict: ...
+    def shutdown(self) -> None: ...
+
 class GrammarBusyError(RuntimeError):
     """Too many grammars are compiling at once (``max_in_flight``); retry later (a server answers 503)."""
 

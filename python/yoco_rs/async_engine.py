@@ -1,18 +1,18 @@
-"""``AsyncEngine``: the engine for asyncio servers (what ``yoco-serve`` wraps).
+"""``AsyncEngine``: the engine for asyncio programs, on the Rust step loop that ``yoco-serve`` runs.
 
-The ``Engine`` lives in its own thread (the loop thread) and runs steps while there is work; the
-asyncio side validates and tokenizes requests itself (so a bad request fails at once, in the caller),
-then hands commands (add, abort) to the loop thread through a queue and awaits per-request output
-queues that the loop thread fills with one ``call_soon_threadsafe`` per step. The asyncio loop never
-waits on a forward pass. Model loading happens in that thread too: ``is_ready`` turns True when it is
-done, ``wait_ready()`` raises the loading error if it failed.
+The model loads in a background thread (``is_ready`` turns True when it is done; ``wait_ready()``
+raises the loading error if it failed); then a ``_core.EngineLoop`` runs the steps in Rust on its own
+thread (scheduling, detokenization, stop strings, grammar masks), calling the PyTorch executor once per
+step with the GIL held only for that call. The asyncio side validates and tokenizes a request itself (so
+a bad request fails at once, in the caller), submits it to the loop, and awaits the request's output
+queue. One reader thread waits on the loop's events with the GIL released and hands each batch to the
+event loop with one ``call_soon_threadsafe``. The asyncio loop never waits on a forward pass.
 
 Failures are contained: a step that raises (the executor, the sampler, an allocation) aborts only the
 requests it ran, whose streams raise ``RequestFailedError`` naming the cause; the loop goes on. Only
 ``max_consecutive_step_failures`` failing steps in a row declare the engine dead (``EngineDeadError``
-for every pending caller, queued ones included, so nobody waits forever). The engine holds its streams
-weakly: a stream its consumer dropped without closing it is collected, and its finalizer aborts the
-request.
+for every pending caller, so nobody waits forever). The engine holds its streams weakly: a stream its
+consumer dropped without closing it is collected, and its finalizer aborts the request.
 """
 
 from __future__ import annotations
@@ -21,27 +21,30 @@ import asyncio
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
 from typing import AsyncIterator, Optional, Sequence, Union
 
+from yoco_rs import _core
 from yoco_rs.config import EngineConfig
 from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedError
+from yoco_rs.executor.sampler import derive_seed
 from yoco_rs.inputs import PromptType
+from yoco_rs.loop_outputs import LoopRequest
 from yoco_rs.metrics import EngineMetrics, MetricsRecorder
 from yoco_rs.outputs import RequestOutput
 from yoco_rs.runtime import resolve_model_dir
-from yoco_rs.sampling_params import SamplingParams
+from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
 from yoco_rs.tokenizer import Tokenizer
 
 log = logging.getLogger("yoco_rs.engine")
-_DONE = object()
 
 #: Failing steps in a row after which the engine is declared dead (the server then exits, so an
 #: orchestrator restarts it). One failure only aborts the failing step's requests.
 DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES = 3
+#: How long the reader waits for the loop's events per call (it rechecks for shutdown in between).
+_POLL_S = 0.05
 
 
 class RequestStream:
@@ -106,10 +109,12 @@ class AsyncEngine:
     def __init__(self, model: Union[str, os.PathLike, None] = None, *, config: Optional[EngineConfig] = None,
                  progress: bool = False,
                  max_consecutive_step_failures: int = DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES,
-                 **settings) -> None:
+                 async_scheduling: Optional[bool] = None, **settings) -> None:
         """Validates the settings now (``ValueError``/``TypeError``), loads the tokenizer, and starts
-        loading the model in the loop thread. ``max_consecutive_step_failures``: failing steps in a
-        row that kill the engine (each failure alone only fails that step's requests)."""
+        loading the model in a background thread. ``max_consecutive_step_failures``: failing steps in a
+        row that kill the engine (each failure alone only fails that step's requests).
+        ``async_scheduling``: plan step N+1 while step N runs (None: on where the forward runs
+        asynchronously to the host, i.e. CUDA; ``yoco-serve --async-scheduling``'s rule)."""
         if not isinstance(max_consecutive_step_failures, int) or max_consecutive_step_failures < 1:
             raise ValueError(f"max_consecutive_step_failures must be an integer >= 1, got "
                              f"{max_consecutive_step_failures!r}")
@@ -121,10 +126,16 @@ class AsyncEngine:
         model_dir, self._model_name = resolve_model_dir(cfg.model)
         self._config_in = cfg.replace(model=model_dir) if cfg.model is None else cfg
         self._tokenizer = Tokenizer(os.path.expanduser(cfg.tokenizer) if cfg.tokenizer else model_dir)
-        self._engine = None
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._async_scheduling = async_scheduling
+        self._rt = None
+        self._executor = None  # the StepExecutor the loop drives (tests inject faults through it)
+        self._core: Optional[_core.EngineLoop] = None
+        self._preparer = None
         # Weak: a stream dropped by its consumer is collected and aborts its request (``__del__``).
         self._streams: "weakref.WeakValueDictionary[str, RequestStream]" = weakref.WeakValueDictionary()
+        self._requests: dict[str, LoopRequest] = {}  # unfinished, by request id
+        self._by_loop_id: dict[int, tuple[LoopRequest, int]] = {}  # loop id -> (request, completion index)
+        self._lock = threading.Lock()  # submit + register vs the reader's dispatch
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ready = threading.Event()
         self._dead: Optional[BaseException] = None
@@ -132,6 +143,7 @@ class AsyncEngine:
         self._stopping = False
         self._stopped = threading.Event()
         self._ids = itertools.count()
+        self._seeds = itertools.count(1)
         self._metrics_idle = MetricsRecorder()
         self._thread = threading.Thread(target=self._run, args=(progress,), name="yoco-engine", daemon=True)
         self._thread.start()
@@ -143,161 +155,143 @@ class AsyncEngine:
         await engine.wait_ready()
         return engine
 
-    # ---- the loop thread ----------------------------------------------------------------------------
+    # ---- the reader thread ---------------------------------------------------------------------------
     def _run(self, progress: bool) -> None:
-        from yoco_rs.engine import Engine
+        from yoco_rs.executor.step_executor import StepExecutor, async_scheduling_on
+        from yoco_rs.grammar_state import GrammarState
+        from yoco_rs.request_prep import RequestPreparer
+        from yoco_rs.runtime import build_runtime
 
         try:
-            self._engine = Engine(config=self._config_in, progress=progress)
+            rt = build_runtime(self._config_in, progress=progress)
+            self._executor = StepExecutor(rt)
+            tok = rt.tokenizer
+            grammars = GrammarState(tok.tokenizer_file, rt.vocab_size, list(tok.eos_token_ids),
+                                    limits=rt.config.structured_outputs_config)
+            self._preparer = RequestPreparer(rt, grammars)
+            self._core = _core.EngineLoop(
+                rt.scheduler, self._executor, tokenizer_file=tok.tokenizer_file,
+                eos_token_ids=list(tok.eos_token_ids), vocab_size=int(rt.vocab_size),
+                max_consecutive_failures=self.max_consecutive_step_failures,
+                async_scheduling=async_scheduling_on(self._async_scheduling, rt.executor.device))
+            self._rt = rt
         except BaseException as e:
             self._dead = e
             self._ready.set()
             self._stopped.set()
             return
         self._ready.set()
-        eng = self._engine
-        failures = 0
+        core = self._core
         try:
             while True:
-                idle = not eng.has_unfinished_requests()
-                if idle and self._stopping and self._commands.empty():
+                events = core.poll(_POLL_S)
+                if events:
+                    self._dispatch(events)
+                if core.dead_error() is not None and self._dead is None and not self._requests:
+                    self._dead = EngineDeadError(self._death_message(core.dead_error()))
+                    self._dead.__cause__ = self._executor.last_error
                     break
-                self._drain_commands(block=idle)
-                if eng.has_unfinished_requests():
-                    try:
-                        outs = eng.step()
-                    except Exception as e:
-                        failures += 1
-                        if failures >= self.max_consecutive_step_failures:
-                            raise
-                        self._contain(e, failures)
-                        continue
-                    if eng._last_plan_rows:
-                        failures = 0
-                    if outs:
-                        self._deliver(outs)
-        except BaseException as e:  # the engine is dead: fail every request, keep the cause
-            log.exception("engine loop died")
+                if self._stopping and not self._requests:
+                    break
+        except BaseException as e:  # a bug in the dispatch: the engine is dead, fail every request
+            log.exception("engine reader died")
             self._dead = e
-            self._fail_all(e)
+            core.shutdown()
         finally:
-            try:
-                eng.close()
-            except Exception:
-                pass
+            self._fail_all(self._dead_or_closed())
             self._stopped.set()
-            self._fail_queued(self._dead_or_closed())  # adds that raced the end
 
-    def _contain(self, e: Exception, failures: int) -> None:
-        """One failed step: its requests were aborted by ``Engine.step``; fail their streams with the
-        cause and keep serving."""
-        failed = list(self._engine.last_failed_request_ids)
-        log.error("engine step failed (%d in a row; %d kill the engine); aborted its requests %s: %s: %s",
-                  failures, self.max_consecutive_step_failures, failed, type(e).__name__, e)
-        if _is_oom(e):
-            _release_cached_memory()
-        err = RequestFailedError(f"the engine step running this request failed: {type(e).__name__}: {e}")
-        err.__cause__ = e
+    def _dispatch(self, events: list) -> None:
+        """Turn a batch of loop events into outputs and hand them to the event loop in one call."""
+        now = time.monotonic()
+        outs: list = []
+        with self._lock:
+            for ev in events:
+                entry = self._by_loop_id.get(ev[0])
+                if entry is None:
+                    continue
+                req, index = entry
+                if len(ev) == 2:
+                    del self._by_loop_id[ev[0]]
+                    out = req.on_finished(index, ev[1], now)
+                    if req.error is not None:
+                        if req.finished or out is not None:
+                            self._abort_rest(req)
+                        if req.finished:
+                            del self._requests[req.request_id]
+                            outs.append((req.request_id, self._request_error(*req.error)))
+                        continue
+                    if req.finished:
+                        del self._requests[req.request_id]
+                else:
+                    out = req.on_delta(index, ev[1], ev[2], ev[3], ev[4], now)
+                if out is not None:
+                    outs.append((req.request_id, out))
+        if outs:
+            self._push(outs)
 
+    def _abort_rest(self, req: LoopRequest) -> None:
+        for lid in req.loop_ids:
+            if lid in self._by_loop_id:
+                self._core.abort(lid)
+
+    def _request_error(self, message: str, engine_dead: bool) -> BaseException:
+        cause = self._executor.last_error if self._executor is not None else None
+        if engine_dead:
+            err = EngineDeadError(self._death_message(message))
+        else:
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else message
+            err = RequestFailedError(f"the engine step running this request failed: {why}")
+            log.error("engine step failed; aborted its requests: %s", why)
+        err.__cause__ = cause
+        return err
+
+    def _death_message(self, message: str) -> str:
+        cause = self._executor.last_error if self._executor is not None else None
+        why = f"{type(cause).__name__}: {cause}" if cause is not None else message
+        return f"the engine loop died after {self.max_consecutive_step_failures} failed steps in a row: {why}"
+
+    def _push(self, outs: list) -> None:
         def push():
-            for rid in failed:
-                s = self._streams.pop(rid, None)
+            for rid, item in outs:
+                s = self._streams.get(rid)
                 if s is not None:
-                    s._put(err)
+                    s._put(item)
+                    if isinstance(item, BaseException) or item.finished:
+                        del self._streams[rid]
 
         try:
             self._loop.call_soon_threadsafe(push)
-        except RuntimeError:  # the event loop is closed
+        except (RuntimeError, AttributeError):  # the event loop is closed (or was never bound)
             pass
 
-    def _drain_commands(self, block: bool) -> None:
-        """Apply queued commands (waiting for one when ``block``, until stopping)."""
-        eng = self._engine
-        while True:
-            try:
-                cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
-            except queue.Empty:
-                if block and not self._stopping:
-                    continue
-                return
-            block = False
-            kind = cmd[0]
-            if kind == "add":
-                _, rid, proc, params, priority, arrival, fut = cmd
-                try:
-                    eng._add_prepared(rid, proc, params, priority, arrival)
-                    self._resolve(fut, None)
-                except BaseException as e:
-                    self._resolve(fut, e)
-            elif kind == "abort":
-                eng.abort_request(cmd[1])
-            elif kind == "abort_all":
-                eng.abort_request(list(eng._requests))
-            elif kind == "stop":  # wakes the loop; it ends once idle
-                pass
-
-    def _resolve(self, fut: asyncio.Future, err: Optional[BaseException]) -> None:
-        def done():
-            if not fut.done():
-                fut.set_exception(err) if err is not None else fut.set_result(None)
-
-        self._loop.call_soon_threadsafe(done)
-
-    def _deliver(self, outs: list[RequestOutput]) -> None:
-        def push():
-            for o in outs:
-                s = self._streams.get(o.request_id)
-                if s is not None:
-                    s._put(o)
-                    if o.finished:
-                        del self._streams[o.request_id]
-
-        self._loop.call_soon_threadsafe(push)
-
-    def _fail_all(self, e: BaseException) -> None:
-        """The engine died: every stream and every queued ``add_request`` gets ``EngineDeadError``."""
-        err = EngineDeadError(f"the engine loop died: {type(e).__name__}: {e}")
-        err.__cause__ = e
-        self._fail_queued(err)
-
-        def push():
-            for s in list(self._streams.values()):
-                s._put(err)
-            self._streams.clear()
-
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(push)
-            except RuntimeError:  # the event loop is closed
-                pass
-
-    def _fail_queued(self, err: BaseException) -> None:
-        """Resolve the futures of commands the loop will never read (it died or stopped)."""
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if cmd[0] == "add":
-                try:
-                    self._resolve(cmd[-1], err)
-                except RuntimeError:  # the event loop is closed
-                    pass
+    def _fail_all(self, err: BaseException) -> None:
+        """The loop is gone: every stream still open gets ``err`` (nobody waits forever)."""
+        with self._lock:
+            rids = list(self._requests)
+            self._requests.clear()
+            self._by_loop_id.clear()
+        if rids:
+            self._push([(rid, err) for rid in rids])
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     @property
     def is_ready(self) -> bool:
         """True once the model is loaded and the loop runs (and it has not died or shut down)."""
-        return self._ready.is_set() and self._dead is None and not self._stopped.is_set()
+        return self._ready.is_set() and not self.is_dead and not self._stopped.is_set()
 
     @property
     def is_dead(self) -> bool:
-        """True after the loop failed (loading or a step); ``dead_error`` says why."""
-        return self._dead is not None
+        """True after the engine failed (loading, or too many failed steps); ``dead_error`` says why."""
+        return self._dead is not None or (self._core is not None and self._core.dead_error() is not None)
 
     @property
     def dead_error(self) -> Optional[BaseException]:
-        """The exception that killed the loop (loading or a step), None while alive."""
+        """The exception that killed the engine (loading or a step), None while alive."""
+        if self._dead is None and self._core is not None and self._core.dead_error() is not None:
+            err = EngineDeadError(self._death_message(self._core.dead_error()))
+            err.__cause__ = self._executor.last_error
+            return err
         return self._dead
 
     @property
@@ -313,15 +307,21 @@ class AsyncEngine:
         self._check_alive()
 
     def _dead_or_closed(self) -> BaseException:
-        if self._dead is not None:
-            err = EngineDeadError(f"the engine is dead: {type(self._dead).__name__}: {self._dead}")
-            err.__cause__ = self._dead
+        dead = self.dead_error
+        if dead is not None:
+            if isinstance(dead, EngineDeadError):
+                return dead
+            err = EngineDeadError(f"the engine is dead: {type(dead).__name__}: {dead}")
+            err.__cause__ = dead
             return err
         return EngineClosedError("the engine is shutting down and accepts no new requests")
 
     def _check_alive(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine is dead: {type(self._dead).__name__}: {self._dead}") from self._dead
+        dead = self.dead_error
+        if dead is not None:
+            if isinstance(dead, EngineDeadError):
+                raise dead
+            raise EngineDeadError(f"the engine is dead: {type(dead).__name__}: {dead}") from dead
 
     async def check_health(self) -> None:
         """Raise ``EngineDeadError`` when the engine is dead (a server's /health returns 503)."""
@@ -331,21 +331,31 @@ class AsyncEngine:
 
     async def shutdown(self, drain_timeout: Optional[float] = None) -> None:
         """Stop accepting requests (``EngineClosedError``), let in-flight requests finish for up to
-        ``drain_timeout`` seconds (None: wait for all; 0: abort at once), abort the rest, stop the loop
-        thread and free the executor. Idempotent."""
+        ``drain_timeout`` seconds (None: wait for all; 0: abort at once), abort the rest (they finish
+        with ``finish_reason="abort"``), stop the loop and free the executor. Idempotent."""
         self._accepting = False
-        if self._stopped.is_set():
+        if self._stopped.is_set() and self._core is None:
             return
         self._bind_loop()
+        await asyncio.to_thread(self._ready.wait)
         deadline = None if drain_timeout is None else time.monotonic() + drain_timeout
-        while self._streams and self._dead is None and (deadline is None or time.monotonic() < deadline):
+        while self._requests and not self.is_dead and (deadline is None or time.monotonic() < deadline):
             await asyncio.sleep(0.01)
-        if self._streams:
-            self._commands.put(("abort_all",))
+        core = self._core
+        if core is not None:
+            await asyncio.to_thread(core.shutdown)  # aborts what is left; their final outputs follow
         self._stopping = True
-        self._commands.put(("stop",))
         await asyncio.to_thread(self._stopped.wait)
         await asyncio.sleep(0)  # let the final outputs reach their streams
+        self._release()
+
+    def _release(self) -> None:
+        """Free the executor's memory (captured graphs hold the KV tensors)."""
+        rt, self._rt = self._rt, None
+        if rt is not None:
+            rt.scheduler.stop_kv_events()
+            rt.executor.kv_caches = []
+        self._core = None
 
     async def __aenter__(self) -> "AsyncEngine":
         await self.wait_ready()
@@ -365,49 +375,76 @@ class AsyncEngine:
     async def add_request(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                           request_id: Optional[str] = None, priority: int = 0) -> RequestStream:
         """Validate and tokenize now (``ValueError`` for bad input, ``EngineClosedError`` while
-        shutting down, ``EngineDeadError`` when dead), queue the request, return its stream."""
+        shutting down, ``EngineDeadError`` when dead), submit the request, return its stream."""
         self._bind_loop()
         self._check_alive()
         if not self._accepting:
             raise EngineClosedError("the engine is shutting down and accepts no new requests")
         if not self._ready.is_set():
             await self.wait_ready()
-        eng = self._engine
         arrival = time.monotonic()
-        params = params or eng.get_default_sampling_params()
+        params = params or self.get_default_sampling_params()
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
         mm = isinstance(prompt, dict) and (prompt.get("multi_modal_data") is not None
                                            or bool(prompt.get("multi_modal_items")))
-        if params.structured_outputs is not None or mm:
+        if (isinstance(params, SamplingParams) and params.structured_outputs is not None) or mm:
             # Grammar compilation (GIL released, under its time budget) and image / audio decoding and
             # encoding must not block the event loop (nor the step loop: other streams keep decoding).
-            proc, params = await asyncio.to_thread(eng._prepare, prompt, params)
+            proc, params = await asyncio.to_thread(self._preparer.prepare, prompt, params)
         else:
-            proc, params = eng._prepare(prompt, params)
+            proc, params = self._preparer.prepare(prompt, params)
+        self._check_alive()
+        if not self._accepting:
+            raise EngineClosedError("the engine is shutting down and accepts no new requests")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._streams:
-            raise ValueError(f"request_id {rid!r} is already in use by an unfinished request")
-        stream = RequestStream(self, rid, proc.token_ids)
-        self._streams[rid] = stream
-        fut = self._loop.create_future()
-        self._commands.put(("add", rid, proc, params, priority, arrival, fut))
-        if self._stopped.is_set():  # the loop ended meanwhile: it will not read the command
-            self._fail_queued(self._dead_or_closed())
-        try:
-            await fut
-        except BaseException:
-            self._streams.pop(rid, None)
-            stream.finished = True
-            # Cancelled while queued (a client gone during a slow step): the loop thread adds the
-            # request anyway, so queue its abort behind the add, or it would run with no stream and
-            # hold its blocks. A failed add (fut holds its error) left nothing behind.
-            if not fut.done() or fut.cancelled() or fut.exception() is None:
-                self._abort_nowait(rid)
-            raise
-        if self._dead is not None:  # died while adding: the stream would never end
-            self._streams.pop(rid, None)
-            stream.finished = True
-            self._check_alive()
+        req = LoopRequest(rid, proc.prompt, list(proc.token_ids), params, arrival, self._rt.text.decode_each)
+        with self._lock:
+            if rid in self._requests:
+                raise ValueError(f"request_id {rid!r} is already in use by an unfinished request")
+            self._submit(req, proc, params, priority)
+            # Made only now: a stream that is collected unfinished aborts its request id.
+            stream = RequestStream(self, rid, req.prompt_ids)
+            self._requests[rid] = req
+            self._streams[rid] = stream
         return stream
+
+    def _submit(self, req: LoopRequest, proc, params: SamplingParams, priority: int) -> None:
+        """One loop sequence per completion (under ``_lock``); all or none are submitted."""
+        limit = self._rt.config.max_model_len
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(req.prompt_ids)
+        base_seed = params.seed if params.seed is not None else derive_seed(self._rt.config.seed, next(self._seeds))
+        stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+        items = proc.mm_items
+        media = dict(mm_items=items, mm_placeholders=sorted(it.placeholder() for it in items)) if items else {}
+        try:
+            for i in range(params.n):
+                lid = self._core.submit(
+                    req.prompt_ids, int(max_tokens), min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
+                    stop_token_ids=list(params.stop_token_ids or ()), stop=stop,
+                    include_stop_str=params.include_stop_str_in_output,
+                    skip_special_tokens=params.skip_special_tokens,
+                    stream=params.output_kind != RequestOutputKind.FINAL_ONLY, cache_salt=proc.cache_salt,
+                    priority=priority, temperature=params.temperature, top_p=params.top_p,
+                    top_k=max(int(params.top_k), 0), min_p=params.min_p, seed=base_seed + i,
+                    presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+                    repetition_penalty=params.repetition_penalty, logprobs=params.logprobs,
+                    prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+                    grammar=getattr(proc, "grammar", None), **media)
+                req.loop_ids.append(lid)
+                self._by_loop_id[lid] = (req, i)
+        except _core.EngineDied as e:
+            for lid in req.loop_ids:
+                self._by_loop_id.pop(lid, None)
+                self._core.abort(lid)
+            raise EngineDeadError(str(e)) from self._executor.last_error
+        except BaseException:
+            for lid in req.loop_ids:
+                self._by_loop_id.pop(lid, None)
+                self._core.abort(lid)
+            raise
 
     async def stream(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                      request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -432,21 +469,29 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> bool:
         """Abort a request in any state (its blocks are freed within one step); False if unknown."""
         self._bind_loop()
-        if request_id not in self._streams:
+        if request_id not in self._requests:
             return False
         self._abort_nowait(request_id)
         return True
 
     def _abort_nowait(self, request_id: str) -> None:
-        if not self._stopped.is_set():
-            self._commands.put(("abort", request_id))
+        req = self._requests.get(request_id)
+        core = self._core
+        if req is not None and core is not None:
+            for lid in list(req.loop_ids):
+                core.abort(lid)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` with the generation config's defaults (once ready)."""
+        return SamplingParams(**self.sampling_defaults)
 
     # ---- model facts and tokenizer --------------------------------------------------------------------
     def _loaded(self):
-        if self._engine is None:
+        """The loaded runtime (``RuntimeError`` before ready, ``EngineDeadError`` once dead)."""
+        if self._rt is None:
             self._check_alive()
             raise RuntimeError("the engine is not ready yet (await wait_ready())")
-        return self._engine
+        return self._rt
 
     @property
     def config(self) -> EngineConfig:
@@ -466,7 +511,7 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         """Longest sequence (prompt + output) a request may reach (available once ready)."""
-        return self._loaded().max_model_len
+        return self._loaded().config.max_model_len
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -508,29 +553,17 @@ class AsyncEngine:
 
     # ---- observability --------------------------------------------------------------------------------
     def get_metrics(self) -> EngineMetrics:
-        """A snapshot (counters, gauges, histograms); cheap, safe from the asyncio thread."""
-        if self._engine is None:
+        """A snapshot of the loop's counters and gauges; cheap (atomics read in Rust), safe from any
+        thread. The per-request histograms are the server's (``/metrics``); here they are None."""
+        core = self._core
+        if core is None:
             return self._metrics_idle.snapshot()
-        return self._engine.get_metrics()
+        return EngineMetrics(**core.stats())
 
     @property
     def num_unfinished_requests(self) -> int:
-        """Streams not yet finished (what a draining shutdown waits for)."""
-        return len(self._streams)
-
-
-def _is_oom(e: BaseException) -> bool:
-    import torch
-
-    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e).lower()
-
-
-def _release_cached_memory() -> None:
-    """After an allocation failure: give the allocator's cached blocks back so the next step can fit."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        """Requests not yet finished (what a draining shutdown waits for)."""
+        return len(self._requests)
 
 
 __all__ = ["AsyncEngine", "RequestStream", "DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES"]

@@ -22,11 +22,12 @@ import torch
 from yoco_rs import _core
 from yoco_rs.config import EngineConfig
 from yoco_rs.executor.batch import ForwardBatch, plan_batch
-from yoco_rs.executor.sampler import RowParams, logprobs_topk
+from yoco_rs.executor.sampler import RowParams, derive_seed, logprobs_topk
 from yoco_rs.grammar_state import GrammarState
-from yoco_rs.inputs import PromptType, is_single_prompt, process_prompt
+from yoco_rs.inputs import PromptType, is_single_prompt
 from yoco_rs.metrics import EngineMetrics, MetricsRecorder
 from yoco_rs.outputs import RequestOutput
+from yoco_rs.request_prep import RequestPreparer
 from yoco_rs.request_state import FINISH_NAMES, RequestState, SeqState, position_logprobs
 from yoco_rs.runtime import build_runtime
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
@@ -94,6 +95,7 @@ class Engine:
         self._grammar_failed: list[int] = []
         self._grammars = GrammarState(rt.tokenizer.tokenizer_file, rt.vocab_size, self._eos,
                                       limits=rt.config.structured_outputs_config)
+        self._preparer = RequestPreparer(rt, self._grammars)
         self.mm_processor = rt.mm_processor
         """Image / audio preprocessing of a multimodal checkpoint (None for a text-only model)."""
         self._mm = rt.executor.mm  # the executor's per-request items and encoder cache
@@ -212,29 +214,8 @@ class Engine:
         return proc.token_ids
 
     def _prepare(self, prompt: PromptType, params: SamplingParams):
-        """Thread-safe validation and tokenization (``AsyncEngine`` calls it off the loop thread)."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.check_against(max_logprobs=self.config.max_logprobs, vocab_size=self._rt.vocab_size)
-        proc = process_prompt(prompt, self._tok, self._rt.vocab_size, self.mm_processor,
-                              self.config.limit_mm_per_prompt)
-        if proc.mm_items and self._mm is not None:
-            # Encode the images / audio here, off the step loop (AsyncEngine prepares in a worker thread).
-            self._mm.encode_ahead(proc.mm_items)
-        # Structured outputs compile here, off the step loop (GIL released, under a time budget).
-        proc.grammar = self._grammars.compile(params.structured_outputs) if params.structured_outputs else None
-        p, limit = len(proc.token_ids), self.max_model_len
-        if p >= limit:
-            raise ValueError(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-                             f"{p} input tokens, which leaves no room for output tokens; shorten the prompt to at most "
-                             f"{limit - 1} tokens.")
-        if params.max_tokens is not None and p + params.max_tokens > limit:
-            raise ValueError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{params.max_tokens} output tokens and your prompt contains at least {p} input tokens, for a total "
-                f"of at least {p + params.max_tokens} tokens. Please reduce the length of the input prompt or the "
-                f"number of requested output tokens (max_tokens <= {limit - p}).")
-        return proc, params
+        """Thread-safe validation and tokenization (``RequestPreparer.prepare``)."""
+        return self._preparer.prepare(prompt, params)
 
     def _add_prepared(self, request_id: str, proc, params: SamplingParams, priority: int, arrival: float) -> None:
         if not isinstance(request_id, str) or not request_id:
@@ -674,14 +655,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def derive_seed(engine_seed: int, counter: int) -> int:
-    """A per-request seed from the engine seed and the request's submission counter (splitmix64)."""
-    z = (engine_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-    return (z ^ (z >> 31)) & ((1 << 62) - 1)
 
 
 __all__ = ["Engine"]

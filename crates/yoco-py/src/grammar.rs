@@ -107,7 +107,7 @@ impl PyGrammarCompiler {
 /// A compiled constraint; `MatcherTable.add` starts a sequence's matcher from it.
 #[pyclass(module = "yoco_rs._core", name = "CompiledGrammar", frozen)]
 pub struct PyCompiledGrammar {
-    inner: Arc<yoco_grammar::CompiledGrammar>,
+    pub(crate) inner: Arc<yoco_grammar::CompiledGrammar>,
 }
 
 /// One matcher per constrained sequence (see `crates/yoco-grammar/src/table.rs`).

@@ -6,6 +6,7 @@
 mod arrays;
 mod convert;
 mod cpu_linear; // yoco-cpu binding (the row-invariant CPU linear layer)
+mod engine_loop; // EngineLoop: the Rust step loop under Engine/AsyncEngine
 mod errors;
 mod grammar; // yoco-grammar binding (structured outputs)
 mod mock;
@@ -14,6 +15,7 @@ mod scheduler;
 mod serve; // the Rust serving path over the Python executor
 mod serve_media; // its media seam (images, audio, transcriptions) over the Python processor
 mod serve_sampling; // its masks, logprob arrays and structured-output settings
+mod step_executor; // the Python executor behind a Rust step loop
 mod text; // yoco-text binding (engine)
 
 use pyo3::prelude::*;
@@ -45,6 +47,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_function(wrap_pyfunction!(serve::serve_http, m)?)?;
     m.add_class::<serve_sampling::PyStepMasks>()?;
+    m.add_class::<engine_loop::PyEngineLoop>()?;
     text::register(m)?; // engine: TextBatch
     grammar::register(m)?; // structured outputs: GrammarCompiler, CompiledGrammar, MatcherTable
     cpu_linear::register(m)?; // linear_f32, linear_bf16, cpu_linear_available

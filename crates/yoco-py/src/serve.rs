@@ -1,175 +1,23 @@
 //! `serve_http`: the Rust serving path (`yoco-server`) driving the Python executor.
 //!
-//! [`PyStepExecutor`] implements `yoco_server::Executor` by calling a Python object with the GIL
-//! held only for that call: `add_request` / `remove_request` once per request, `launch` and
-//! `collect` once per step. Everything else (HTTP, validation, tokenization, scheduling, text, SSE)
-//! runs in Rust with the GIL released. Per step, the plan crosses as the same zero-copy
-//! `StepPlan` object the Python engine uses (sharing the loop's buffers, not a copy), and the
-//! block-table rows of the plan as one `[R, cols]` int32 array per KV group. With async scheduling
-//! (the default; `async_scheduling=False` turns it off) the plan's placeholder inputs are filled
-//! by the Python executor from the ids its last `collect` returned.
+//! Everything but the model (HTTP, validation, tokenization, scheduling, text, SSE) runs in Rust
+//! with the GIL released; each step loop calls its Python executor through
+//! [`crate::step_executor::PyStepExecutor`], the GIL held only for that call. With async
+//! scheduling (the default; `async_scheduling=False` turns it off) the plan's placeholder inputs
+//! are filled by the Python executor from the ids its last `collect` returned.
 
 use std::net::SocketAddr;
 
-use numpy::ndarray::Array2;
-use numpy::IntoPyArray;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
-use yoco_server::{
-    AppConfig, ExecError, Executor, GenParams, LoopConfig, SamplingDefaults, SpecialTokens,
-    StepInputs, StepOutput, ToolConfig, ToolParser,
-};
+use pyo3::types::PyDict;
+use yoco_server::{AppConfig, SamplingDefaults, SpecialTokens, ToolConfig, ToolParser};
 use yoco_text::Tokenizer;
 
-use crate::plan::StepPlan;
 use crate::scheduler::Scheduler;
-use crate::serve_media::{media_config, PyItems};
-use crate::serve_sampling::{read_output, structured_config, PyStepMasks};
-
-/// The Python executor behind the Rust step loop.
-struct PyStepExecutor {
-    obj: Py<PyAny>,
-    num_groups: usize,
-    block_size: usize,
-    out: StepOutput,
-}
-
-pub(crate) fn exec_err(py: Python<'_>, e: PyErr) -> ExecError {
-    let tb = e
-        .traceback(py)
-        .and_then(|t| t.format().ok())
-        .unwrap_or_default();
-    ExecError(format!(
-        "{}: {}{}",
-        e.get_type(py)
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default(),
-        e.value(py),
-        if tb.is_empty() {
-            String::new()
-        } else {
-            format!("\n{tb}")
-        }
-    ))
-}
-
-impl Executor for PyStepExecutor {
-    fn add_request(&mut self, id: u64, p: &GenParams) {
-        Python::attach(|py| {
-            let kw = PyDict::new(py);
-            let s = &p.sampling;
-            let _ = kw.set_item("temperature", s.temperature);
-            let _ = kw.set_item("top_p", s.top_p);
-            let _ = kw.set_item("top_k", s.top_k);
-            let _ = kw.set_item("min_p", s.min_p);
-            let _ = kw.set_item("seed", s.seed);
-            let _ = kw.set_item("min_tokens", p.min_tokens);
-            let _ = kw.set_item("ignore_eos", p.ignore_eos);
-            let _ = kw.set_item("stop_token_ids", p.stop_token_ids.clone());
-            let _ = kw.set_item("presence_penalty", s.presence_penalty);
-            let _ = kw.set_item("frequency_penalty", s.frequency_penalty);
-            let _ = kw.set_item("repetition_penalty", s.repetition_penalty);
-            let _ = kw.set_item("logprobs", p.logprobs.map_or(-1, i64::from));
-            if let Some(m) = p.media.as_ref() {
-                if let Some(items) = m.items.0.downcast_ref::<PyItems>() {
-                    let _ = kw.set_item("mm_items", items.0.bind(py));
-                }
-            }
-            let prompt = p
-                .prompt
-                .iter()
-                .map(|&t| t as i32)
-                .collect::<Vec<_>>()
-                .into_pyarray(py);
-            if let Err(e) = self
-                .obj
-                .call_method(py, "add_request", (id, prompt), Some(&kw))
-            {
-                // Its first step will fail in `launch` (the executor has no parameters for it) and be
-                // contained there; say why now.
-                eprintln!(
-                    "yoco-serve: executor.add_request({id}) failed: {}",
-                    exec_err(py, e)
-                );
-            }
-        })
-    }
-
-    fn remove_request(&mut self, id: u64) {
-        Python::attach(|py| {
-            let _ = self.obj.call_method1(py, "remove_request", (id,));
-        })
-    }
-
-    fn launch(&mut self, step: &StepInputs<'_>) -> Result<(), ExecError> {
-        let plan = step.plan;
-        // Block-table rows of the plan, trimmed to the columns its longest sequence can use.
-        let rows = plan.req_rows.len();
-        let cols = step
-            .max_blocks_per_seq
-            .min((plan.max_seq_len as usize).div_ceil(self.block_size) + 1);
-        let tables: Vec<Array2<i32>> = (0..self.num_groups)
-            .map(|g| {
-                let t = step.tables[g];
-                let mut a = Array2::<i32>::zeros((rows, cols));
-                for (r, &row) in plan.req_rows.iter().enumerate() {
-                    let base = row as usize * step.max_blocks_per_seq;
-                    a.row_mut(r)
-                        .as_slice_mut()
-                        .expect("row-major")
-                        .copy_from_slice(&t[base..base + cols]);
-                }
-                a
-            })
-            .collect();
-        Python::attach(|py| {
-            let plan_obj = Py::new(py, StepPlan::shared(plan.clone(), self.num_groups))
-                .map_err(|e| exec_err(py, e))?;
-            let tabs = PyList::empty(py);
-            for a in tables {
-                tabs.append(a.into_pyarray(py))
-                    .map_err(|e| exec_err(py, e))?;
-            }
-            let resumed = PyDict::new(py);
-            for (id, toks) in step.resumed {
-                let v: Vec<i64> = toks.iter().map(|&t| t as i64).collect();
-                resumed
-                    .set_item(id, v.into_pyarray(py))
-                    .map_err(|e| exec_err(py, e))?;
-            }
-            let masks = match step.masks {
-                Some(m) => Some(
-                    Py::new(py, PyStepMasks { inner: m.clone() }).map_err(|e| exec_err(py, e))?,
-                ),
-                None => None,
-            };
-            let ps = step.prompt_scoring;
-            let scoring = (!ps.is_empty()).then(|| {
-                let rows: Vec<i64> = ps.rows.iter().map(|&x| x as i64).collect();
-                let targets: Vec<i64> = ps.targets.iter().map(|&x| x as i64).collect();
-                (rows.into_pyarray(py), targets.into_pyarray(py), ps.k)
-            });
-            self.obj
-                .call_method1(py, "launch", (plan_obj, tabs, resumed, masks, scoring))
-                .map_err(|e| exec_err(py, e))?;
-            Ok(())
-        })
-    }
-
-    fn collect(&mut self) -> Result<&StepOutput, ExecError> {
-        let out = &mut self.out;
-        Python::attach(|py| -> Result<(), ExecError> {
-            let r = self
-                .obj
-                .call_method0(py, "collect")
-                .map_err(|e| exec_err(py, e))?;
-            read_output(r.bind(py), out)
-        })?;
-        Ok(&self.out)
-    }
-}
+use crate::serve_media::media_config;
+use crate::serve_sampling::structured_config;
+use crate::step_executor::{start_loop, LoopSettings};
 
 /// Serves the OpenAI API from Rust until SIGINT or SIGTERM; blocks with the GIL released. SIGTERM
 /// drains: no new connection is accepted, in-flight requests get up to `shutdown_timeout` seconds
@@ -254,35 +102,20 @@ pub fn serve_http(
         .build()
         .map_err(|e| PyOSError::new_err(e.to_string()))?;
     let mut handles = Vec::with_capacity(loops.len());
+    let settings = LoopSettings {
+        tokenizer: &tok,
+        eos_token_ids: &eos_token_ids,
+        max_consecutive_failures,
+        async_scheduling,
+    };
     for (scheduler, executor) in loops {
-        // The KV-event publisher the runtime started on this scheduler (`--kv-events-config`)
-        // moves to the loop, which owns the scheduler that now makes the events.
-        let (config, num_groups, publisher) = {
-            let mut s = scheduler.borrow_mut(py);
-            let publisher = s.kv_publisher.take();
-            (s.inner.config().clone(), s.inner.num_groups(), publisher)
-        };
-        let block_size = config.kv.block_size as usize;
-        let exec = PyStepExecutor {
-            obj: executor,
-            num_groups,
-            block_size,
-            out: StepOutput::default(),
-        };
-        let engine = yoco_server::EngineHandle::start_delivering_on(
-            LoopConfig {
-                scheduler: config,
-                tokenizer: tok.clone(),
-                eos_token_ids: eos_token_ids.clone(),
-                max_consecutive_failures,
-                async_scheduling,
-                kv_events: publisher.map(yoco_server::KvEventSink::new),
-            },
-            Box::new(exec),
-            rt.handle(),
-        )
-        .map_err(PyValueError::new_err)?;
-        handles.push(engine);
+        handles.push(start_loop(
+            py,
+            &scheduler,
+            executor,
+            &settings,
+            Some(rt.handle()),
+        )?);
     }
     let stop_all = handles.clone();
     // Watches the same loops as the router: once every one has stopped, the server stops too.

@@ -13,7 +13,7 @@ use yoco_server::media::{
     MmPlaceholder, Modality, Prepared, TranscriptionAudio,
 };
 
-use crate::serve::exec_err;
+use crate::step_executor::exec_err;
 
 /// `MediaSeam.prepare`'s answer: token ids, `(offset, length, identifier)` runs, the items.
 type PyPrepared = (Vec<i64>, Vec<(u32, u32, String)>, Py<PyAny>);

@@ -281,4 +281,12 @@ def _t(a: np.ndarray, dev: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev, non_blocking=True)
 
 
-__all__ = ["Sampler", "RowParams", "SampleOutput", "uniform_noise", "row_keys", "logprobs_topk"]
+def derive_seed(engine_seed: int, counter: int) -> int:
+    """A per-request seed from the engine seed and the request's submission counter (splitmix64)."""
+    z = (engine_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & ((1 << 62) - 1)
+
+
+__all__ = ["Sampler", "RowParams", "SampleOutput", "uniform_noise", "row_keys", "logprobs_topk", "derive_seed"]
