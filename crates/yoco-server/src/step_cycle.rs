@@ -1,8 +1,8 @@
 //! The order of one step loop iteration, in both modes, and the executor calls.
 //!
 //! ```text
-//! async:  launch(N) │ apply(N−1): update · text · events │ deliver · commands · aborts │ schedule_ahead(N+1) │ collect(N)
-//! sync:   apply(N−1) · deliver · commands · aborts · schedule(N) │ launch(N) │ deliver · commands │ collect(N)
+//! async:  launch(N) │ apply(N−1): update · text · events · gauges │ deliver · commands · aborts │ schedule_ahead(N+1) │ collect(N)
+//! sync:   apply(N−1) · gauges · deliver · commands · aborts · schedule(N) │ launch(N) │ deliver · commands │ collect(N)
 //! ```
 //!
 //! Async mode pays off only when `launch` returns before the forward ends (a GPU): with a forward
@@ -34,6 +34,7 @@ impl StepLoop {
             // (the CPU) would otherwise hold every token back by one forward.
             if let Some(c) = self.collected.take() {
                 self.apply_step(c);
+                self.publish_gauges();
                 self.deliver();
             }
             shutdown |= self.drain_commands();
@@ -64,6 +65,8 @@ impl StepLoop {
         // The forward's shadow.
         if let Some(c) = self.collected.take() {
             self.apply_step(c);
+            // Before the events: a client that sees its request end reads gauges that count it out.
+            self.publish_gauges();
         }
         self.deliver();
         self.reap_closed();
