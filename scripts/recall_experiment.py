@@ -86,7 +86,7 @@ class Rows:
                     k, v = keys.pop(), rng.choice(self.values)
                     used.add(k)
                     facts.append((k, v))
-                    piece = data.fact(k, v)
+                    piece = data.fact(k, v) if a.sep == "=" else f"- {k}{a.sep} {v}\n".replace("  ", " ")
                 else:
                     piece = short_filler(rng, self.docs, a.filler_chars) + "\n"
                 ctx += piece
@@ -96,7 +96,7 @@ class Rows:
             rng.shuffle(facts)
             s += ctx + "Recall:\n"
             for k, v in facts[: a.max_queries]:
-                line = f"- {k} ="
+                line = f"- {k} =" if a.sep == "=" else f"- {k}{a.sep}".rstrip()
                 s += line
                 spans.append((len(s), len(s) + len(v) + 1))  # " value" (its tokens are the targets)
                 s += f" {v}\n"
@@ -173,6 +173,24 @@ def probe(model, tok, rows_by_mult, window):
     return out
 
 
+def generated_probe(tok, keys, values, n):
+    """{multiple: [{"prompt", "answer"}]}: held-out filler with facts over the given vocabulary, one
+    question per context about a fact more than a window back (as ``evals/make_eval_data.py``)."""
+    rng = random.Random(4242)
+    docs = data.documents("heldout")
+    count = lambda s: len(tok.encode(s, add_special_tokens=False).ids)  # noqa: E731
+    out = {}
+    for m in (2, 4, 8):
+        rows = []
+        while len(rows) < n:
+            ep = data.recall_episode(rng, docs, m * tdm.WINDOW - 8, count, keys, values, 1, far_from=tdm.WINDOW)
+            if ep:
+                ctx, [(k, v)] = ep
+                rows.append({"prompt": ctx + data.recall_query(k), "answer": v})
+        out[m] = rows
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="r")
@@ -194,6 +212,13 @@ def main():
     ap.add_argument("--probe-n", type=int, default=30)
     ap.add_argument("--qnorm-init", type=float, default=0.0, help="q_norm weight at init (0: HF's 1.0)")
     ap.add_argument("--n-words", type=int, default=0, help="first N keys and values only (0: all 400)")
+    ap.add_argument("--words-schedule", default="",
+                    help="curriculum over the key/value vocabulary, 'N@STEP,...' (e.g. '32@0,128@150,400@300'): "
+                         "from STEP on, the first N keys and values")
+    ap.add_argument("--gen-probe", type=int, default=0,
+                    help="probe on N generated held-out questions per length over the run's final vocabulary "
+                         "(instead of evals/data/recall.jsonl)")
+    ap.add_argument("--sep", default="=", help="fact separator: '=' (the eval's '- key = value'), ' ' (none: '- key value')")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--time-budget-s", type=float, default=0)
@@ -217,8 +242,15 @@ def main():
     model = Gemma3nForCausalLM(cfg)
     opt = tdm.init_and_optimizer(model, args.lr, args.qnorm_init)
     rows = Rows(tok, docs, keys, values, args.seed, args)
-    pr = [json.loads(line) for line in open(os.path.join(ROOT, "evals", "data", "recall.jsonl"))]
-    by_mult = {m: [r for r in pr if r["multiple"] == m][: args.probe_n] for m in (2, 4, 8)}
+    schedule = sorted((int(st), int(n)) for n, st in (x.split("@") for x in args.words_schedule.split(",") if x))
+    all_keys, all_values = keys, values
+    if schedule:
+        keys, values = all_keys[: schedule[-1][1]], all_values[: schedule[-1][1]]
+    if args.gen_probe:
+        by_mult = generated_probe(tok, keys, values, args.gen_probe)
+    else:
+        pr = [json.loads(line) for line in open(os.path.join(ROOT, "evals", "data", "recall.jsonl"))]
+        by_mult = {m: [r for r in pr if r["multiple"] == m][: args.probe_n] for m in (2, 4, 8)}
     print(f"{args.name}: {vars(args)}", flush=True)
     t0, c0 = time.time(), time.process_time()
     model.train()
@@ -227,6 +259,9 @@ def main():
         w = args.narrow_window if narrow else tdm.WINDOW
         model.config.sliding_window = w
         length = args.seq if (narrow or not args.narrow_steps) else args.seq_late
+        if schedule:
+            n_now = max(n for st, n in schedule if st <= step)
+            rows.keys, rows.values = all_keys[:n_now], all_values[:n_now]
         x, y = rows.batch(step, args.batch, length)
         if step < args.warmup:
             lr = args.lr * (step + 1) / args.warmup

@@ -77,6 +77,25 @@ def test_n_seeded_completions_equal_the_engine(engine):
     assert len({tuple(o.token_ids) for o in got.outputs}) > 1  # the seeds differ per completion
 
 
+def test_detokenize_false_returns_the_engine_s_token_ids_with_empty_text(engine):
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, detokenize=False)
+    want = engine.generate([PROMPTS[0]], sp, use_tqdm=False)[0].outputs[0]
+    delta = sp.replace(output_kind=RequestOutputKind.DELTA)
+
+    async def main():
+        async with AsyncEngine(**SETTINGS) as eng:
+            final = await eng.generate(PROMPTS[0], sp)
+            deltas = [o async for o in eng.stream(PROMPTS[0], delta)]
+            return final, deltas
+
+    final, deltas = arun(main())
+    got = final.outputs[0]
+    assert want.text == "" and len(want.token_ids) == 10
+    assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, "", "length")
+    assert [t for o in deltas for t in o.outputs[0].token_ids] == want.token_ids
+    assert all(o.outputs[0].text == "" for o in deltas)
+
+
 def test_every_output_kind_adds_up_to_the_same_result():
     async def main():
         async with AsyncEngine(**SETTINGS) as eng:

@@ -88,13 +88,14 @@ class EngineLoop:
                  vocab_size: int, max_consecutive_failures: int = 3, async_scheduling: bool = False) -> None: ...
     def submit(self, prompt: list[int], max_tokens: int, *, min_tokens: int = 0, ignore_eos: bool = False,
                stop_token_ids: list[int] = ..., stop: list[str] = ..., include_stop_str: bool = False,
-               skip_special_tokens: bool = True, stream: bool = True, cache_salt: Optional[str] = None,
+               skip_special_tokens: bool = True, stream: bool = True, detokenize: bool = True, cache_salt: Optional[str] = None,
                priority: int = 0, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                min_p: float = 0.0, seed: Optional[int] = None, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: Optional[int] = None,
                prompt_logprobs: Optional[int] = None, grammar: Optional["CompiledGrammar"] = None,
                mm_placeholders: list[tuple[int, int, str]] = ..., mm_items: Any = None) -> int:
-        """Queue one completion; its loop id. ``EngineDied`` once the loop has stopped."""
+        """Queue one completion; its loop id. ``EngineDied`` once the loop has stopped. ``detokenize=False``:
+        its events carry token ids and empty text."""
         ...
     def abort(self, id: int) -> None: ...
     def poll(self, timeout: float) -> list[tuple]:

@@ -425,7 +425,7 @@ class AsyncEngine:
                     req.prompt_ids, int(max_tokens), min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
                     stop_token_ids=list(params.stop_token_ids or ()), stop=stop,
                     include_stop_str=params.include_stop_str_in_output,
-                    skip_special_tokens=params.skip_special_tokens,
+                    skip_special_tokens=params.skip_special_tokens, detokenize=params.detokenize,
                     stream=params.output_kind != RequestOutputKind.FINAL_ONLY, cache_salt=proc.cache_salt,
                     priority=priority, temperature=params.temperature, top_p=params.top_p,
                     top_k=max(int(params.top_k), 0), min_p=params.min_p, seed=base_seed + i,

@@ -92,7 +92,7 @@ impl PyEngineLoop {
     /// within the context). `EngineDied` once the loop has stopped.
     #[pyo3(signature = (prompt, max_tokens, *, min_tokens = 0, ignore_eos = false,
                         stop_token_ids = Vec::new(), stop = Vec::new(), include_stop_str = false,
-                        skip_special_tokens = true, stream = true, cache_salt = None, priority = 0,
+                        skip_special_tokens = true, stream = true, detokenize = true, cache_salt = None, priority = 0,
                         temperature = 1.0, top_p = 1.0, top_k = 0, min_p = 0.0, seed = None,
                         presence_penalty = 0.0, frequency_penalty = 0.0, repetition_penalty = 1.0,
                         logprobs = None, prompt_logprobs = None, grammar = None,
@@ -109,6 +109,7 @@ impl PyEngineLoop {
         include_stop_str: bool,
         skip_special_tokens: bool,
         stream: bool,
+        detokenize: bool,
         cache_salt: Option<String>,
         priority: i32,
         temperature: f32,
@@ -151,6 +152,7 @@ impl PyEngineLoop {
             include_stop_str,
             skip_special_tokens,
             stream,
+            detokenize,
             cache_salt,
             priority,
             sampling: SamplingFields {

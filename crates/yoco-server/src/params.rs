@@ -41,7 +41,7 @@ impl Default for SamplingFields {
 }
 
 /// One validated generation request (one completion; `n > 1` is the front end's fan-out).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GenParams {
     /// Prompt token ids, each below the vocabulary size, `1..max_model_len` of them.
     pub prompt: Vec<u32>,
@@ -61,6 +61,9 @@ pub struct GenParams {
     pub skip_special_tokens: bool,
     /// Deliver a delta every step (SSE); otherwise only the final event.
     pub stream: bool,
+    /// Decode text at all (false: events carry token ids and empty text, vLLM's `detokenize=False`;
+    /// stop strings then cannot match, so callers refuse them together).
+    pub detokenize: bool,
     /// Prefix-cache namespace (vLLM's `cache_salt`).
     pub cache_salt: Option<String>,
     /// Lower = more important (priority policy).
@@ -77,4 +80,29 @@ pub struct GenParams {
     /// Images / audio of the prompt: their placeholder runs and processed items
     /// ([`crate::media`]); None for a text prompt.
     pub media: Option<MediaInputs>,
+}
+
+/// Everything off or empty except `detokenize` (text is decoded unless a caller opts out).
+impl Default for GenParams {
+    fn default() -> Self {
+        Self {
+            prompt: Vec::new(),
+            max_tokens: 0,
+            min_tokens: 0,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            include_stop_str: false,
+            skip_special_tokens: false,
+            stream: false,
+            detokenize: true,
+            cache_salt: None,
+            priority: 0,
+            sampling: SamplingFields::default(),
+            logprobs: None,
+            prompt_logprobs: None,
+            grammar: None,
+            media: None,
+        }
+    }
 }

@@ -271,7 +271,7 @@ impl StepLoop {
             include_stop_str_in_output: p.include_stop_str,
             stop: p.stop.clone(),
             stream: p.stream,
-            detokenize: true,
+            detokenize: p.detokenize,
         };
         let prompt_tokens = p.prompt.len() as u32;
         let req = NewRequest {

@@ -403,6 +403,7 @@ pub(crate) fn gen_params_for(
         include_stop_str: r.sampling.include_stop_str_in_output.unwrap_or(false),
         skip_special_tokens: r.sampling.skip_special_tokens.unwrap_or(true),
         stream,
+        detokenize: true,
         cache_salt: r.sampling.cache_salt.clone(),
         priority,
         sampling: SamplingFields {
