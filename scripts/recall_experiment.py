@@ -123,13 +123,30 @@ class Rows:
         ids = ids[: length + 1]
         return ids, list(ids)
 
+    def induction_row(self, rng, length):
+        """A random token sequence repeated until ``length``: the repeats' tokens are the targets (the
+        classic induction-head task, one hop and a target on every repeated position)."""
+        lo, hi = self.a.induction_ids
+        period = rng.randint(max(2, length // 4), max(2, length // 2))
+        seq = [rng.randrange(lo, hi) for _ in range(period)]
+        ids = [2] + (seq * (length // period + 2))[:length]
+        labels = [-100] * (period + 1) + ids[period + 1:]
+        return ids, labels
+
     def batch(self, step, bs, length):
         import torch
 
         xs, ys = [], []
+        ind = self.a.induction_frac if step < self.a.induction_steps else 0.0
         for b in range(bs):
             rng = random.Random(self.seed * 1_000_003 + step * 997 + b)
-            ids, lab = self.text_row(rng, length) if rng.random() < self.a.text_frac else self.recall_row(rng, length)
+            r = rng.random()
+            if r < ind:
+                ids, lab = self.induction_row(rng, length)
+            elif rng.random() < self.a.text_frac:
+                ids, lab = self.text_row(rng, length)
+            else:
+                ids, lab = self.recall_row(rng, length)
             xs.append(ids)
             ys.append(lab)
         return torch.tensor(xs), torch.tensor(ys)
@@ -219,11 +236,16 @@ def main():
                     help="probe on N generated held-out questions per length over the run's final vocabulary "
                          "(instead of evals/data/recall.jsonl)")
     ap.add_argument("--sep", default="=", help="fact separator: '=' (the eval's '- key = value'), ' ' (none: '- key value')")
+    ap.add_argument("--induction-frac", type=float, default=0.0,
+                    help="share of rows that are a repeated random token sequence (induction warm-up)")
+    ap.add_argument("--induction-steps", type=int, default=0, help="induction rows only before this step")
+    ap.add_argument("--induction-ids", default="100,4000", help="lo,hi token id range of the random sequences")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--time-budget-s", type=float, default=0)
     ap.add_argument("--save", default="")
     args = ap.parse_args()
+    args.induction_ids = tuple(int(x) for x in args.induction_ids.split(","))
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch

@@ -151,6 +151,24 @@ def test_priority_is_validated_and_metrics_count_the_loop_s_work():
     assert m.request_success["length"] == 3 and m.num_steps > 0 and m.kv_blocks_used == 0
 
 
+def test_metrics_histograms_observe_every_request_of_the_loop():
+    async def main():
+        async with AsyncEngine(**SETTINGS) as eng:
+            outs = await asyncio.gather(*(eng.generate(p, greedy(5)) for p in PROMPTS))
+            return outs, eng.get_metrics()
+
+    outs, m = arun(main())
+    assert all(len(o.outputs[0].token_ids) == 5 for o in outs)
+    n = len(PROMPTS)
+    for h in (m.time_to_first_token, m.e2e_request_latency, m.request_queue_time, m.request_prefill_time,
+              m.request_decode_time):
+        assert h.count == n and len(h.counts) == len(h.buckets) + 1 and h.sum > 0
+    assert (m.request_generation_tokens.count, m.request_generation_tokens.sum) == (n, 5.0 * n)
+    assert (m.request_prompt_tokens.count, m.request_prompt_tokens.sum) == (n, float(sum(map(len, PROMPTS))))
+    assert m.inter_token_latency.count == 4 * n  # every token after the first
+    assert m.iteration_tokens.count == m.num_steps and m.iteration_tokens.sum == m.scheduled_tokens
+
+
 def test_the_python_step_loop_is_not_what_runs(monkeypatch):
     """The steps are the Rust loop's: the synchronous engine's ``step`` is never called."""
     def no_python_step(self):

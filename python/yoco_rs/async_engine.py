@@ -32,7 +32,7 @@ from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedErro
 from yoco_rs.executor.sampler import derive_seed
 from yoco_rs.inputs import PromptType
 from yoco_rs.loop_outputs import LoopRequest
-from yoco_rs.metrics import EngineMetrics, MetricsRecorder
+from yoco_rs.metrics import EngineMetrics, HistogramSnapshot, MetricsRecorder
 from yoco_rs.outputs import RequestOutput
 from yoco_rs.runtime import resolve_model_dir
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
@@ -553,12 +553,18 @@ class AsyncEngine:
 
     # ---- observability --------------------------------------------------------------------------------
     def get_metrics(self) -> EngineMetrics:
-        """A snapshot of the loop's counters and gauges; cheap (atomics read in Rust), safe from any
-        thread. The per-request histograms are the server's (``/metrics``); here they are None."""
+        """A snapshot of the loop's counters, gauges and histograms (TTFT, inter-token latency, queue,
+        prefill and decode times... as the loop observes them); cheap (atomics read in Rust), safe from
+        any thread."""
         core = self._core
         if core is None:
             return self._metrics_idle.snapshot()
-        return EngineMetrics(**core.stats())
+        stats = core.stats()
+        for name, v in stats.items():
+            if isinstance(v, tuple):
+                bounds, counts, total = v
+                stats[name] = HistogramSnapshot(tuple(bounds), tuple(counts), total)
+        return EngineMetrics(**stats)
 
     @property
     def num_unfinished_requests(self) -> int:

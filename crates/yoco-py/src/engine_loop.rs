@@ -231,7 +231,8 @@ impl PyEngineLoop {
         self.handle.stats().dead_error.lock().unwrap().clone()
     }
 
-    /// The loop's live figures (`EngineMetrics`' counters and gauges, by the same names).
+    /// The loop's live figures (`EngineMetrics`' counters, gauges and histograms, by the same names;
+    /// a histogram as `(bounds, per-bucket counts with +Inf last, sum)`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.handle.stats();
         let d = PyDict::new(py);
@@ -260,6 +261,20 @@ impl PyEngineLoop {
             done.set_item(name, s.finished[i].load(Relaxed))?;
         }
         d.set_item("request_success", done)?;
+        let h = &s.hists;
+        for (name, hist) in [
+            ("time_to_first_token", &h.ttft),
+            ("inter_token_latency", &h.itl),
+            ("e2e_request_latency", &h.e2e),
+            ("request_queue_time", &h.queue),
+            ("request_prefill_time", &h.prefill),
+            ("request_decode_time", &h.decode),
+            ("request_prompt_tokens", &h.prompt_tokens),
+            ("request_generation_tokens", &h.generation_tokens),
+            ("iteration_tokens", &h.iteration_tokens),
+        ] {
+            d.set_item(name, hist.snapshot())?;
+        }
         Ok(d)
     }
 

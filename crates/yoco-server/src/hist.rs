@@ -55,6 +55,13 @@ impl Hist {
         });
     }
 
+    /// The bucket bounds, the count per bucket (not cumulative; the last is +Inf's) and the sum: the
+    /// layout of the Python engine's `HistogramSnapshot`.
+    pub fn snapshot(&self) -> (&'static [f64], Vec<u64>, f64) {
+        let counts = self.counts.iter().map(|c| c.load(Relaxed)).collect();
+        (self.bounds, counts, f64::from_bits(self.sum.load(Relaxed)))
+    }
+
     /// Cumulative `(le, count)` pairs ending with `(+Inf, total)`, and the sum.
     pub fn cumulative(&self) -> (Vec<(f64, u64)>, f64) {
         let mut acc = 0;
