@@ -8,7 +8,18 @@ trained on CPU from scratch, and a byte-fallback BPE tokenizer (``tokenizers``),
 with Python (see ``scripts/default_model_data.py``: docstrings, ``pydoc_data.topics``, a synthetic
 long-context key/value recall task, chat turns). Deterministic: a fixed seed, a fixed thread count
 (``--threads``), ``torch.use_deterministic_algorithms``; the same Python/torch versions and arguments
-give the same weights. Writes ``python/yoco_rs/default_model/`` (or ``--out``): config.json,
+give the same weights (``--out`` and ``--probe-every`` do not change them).
+
+Two phases. First an **induction warm-up** (``--induction-steps``): rows of a random token sequence
+repeated, the loss on the repeats, with the sliding window narrowed to 4 so that only the full-attention
+layers can look a repeat back; the induction heads that long-context recall needs form there in ~200
+steps. From scratch, on the mixed rows alone, they never formed at this budget (the recall answers are
+one target in hundreds of English tokens; see ``scripts/recall_experiment.py`` for the runs). Then the
+**main mix** at the real 64-token window, with an auxiliary **dense-recall batch** each step (every fact
+of an episode asked, the loss on the answers only, added to the mix's loss) that keeps the lookup's
+gradient from drowning in the English tokens.
+
+Writes ``python/yoco_rs/default_model/`` (or ``--out``): config.json,
 generation_config.json, tokenizer.json, tokenizer_config.json (with the chat template),
 model.safetensors (float32), and ``train_log.json`` (the loss curve and timing for the model card).
 """
@@ -115,12 +126,45 @@ def train_tokenizer(docs):
     return Tokenizer.from_str(json.dumps(d))
 
 
+def induction_row(rng: random.Random, length: int, lo: int = len(SPECIALS) + 256, hi: int = VOCAB_SIZE):
+    """(ids, labels) of ``length + 1`` tokens: bos, then a random sequence of token ids in ``[lo, hi)``
+    repeated; the labels are -100 on the first copy, the tokens on the repeats. The classic task on
+    which induction heads form (Olsson et al. 2022): every repeated token is predictable only by
+    finding its earlier occurrence and copying what followed it, the mechanism the recall task needs."""
+    period = rng.randint(max(2, length // 4), max(2, length // 2))
+    seq = [rng.randrange(lo, hi) for _ in range(period)]
+    ids = [2] + (seq * (length // period + 2))[:length]
+    return ids, [-100] * (period + 1) + ids[period + 1:]
+
+
+def labelled_loss(model, x, y):
+    """Mean cross-entropy on the labelled positions of ``y`` (-100 elsewhere; ``y[:, i]`` is the
+    target of ``x[:, i - 1]``), the lm_head run on those rows only."""
+    import torch
+    import torch.nn.functional as F
+
+    h = model.model(input_ids=x[:, :-1], use_cache=False).last_hidden_state
+    tgt = y[:, 1:]
+    m = tgt != -100
+    logits = model.lm_head(h[m])
+    cap = model.config.final_logit_softcapping
+    return F.cross_entropy(torch.tanh(logits / cap) * cap, tgt[m])
+
+
+def induction_batch(step: int, batch_size: int, length: int, seed: int):
+    import torch
+
+    rows = [induction_row(random.Random(seed * 7_000_003 + step * 991 + b), length) for b in range(batch_size)]
+    return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+
+
 class Batches:
     """Deterministic training sequences of exactly ``seq + 1`` tokens (bos first): 40% English
     (documents from their start, concatenated), 50% recall episodes of 64..560 tokens, 10% chat."""
 
-    def __init__(self, tok, docs, seq: int, seed: int):
+    def __init__(self, tok, docs, seq: int, seed: int, max_queries: int = 8, chat_p: float = 0.25):
         self.tok, self.docs, self.seq, self.seed = tok, docs, seq, seed
+        self.max_queries, self.chat_p = max_queries, chat_p
         self.bos, self.eos = 2, 1
         self.keys, self.values = data.task_words(tok)
 
@@ -142,7 +186,7 @@ class Batches:
         s, keys = "", list(self.keys)
         while self.count(s) <= self.seq:
             ep = data.recall_episode(rng, self.docs, rng.randint(48, 540), self.count, keys, self.values,
-                                     n_queries=rng.randint(2, 8))
+                                     n_queries=rng.randint(2, self.max_queries))
             if ep is None:
                 continue
             ctx, asked = ep
@@ -151,6 +195,56 @@ class Batches:
             if len(keys) < 20:
                 keys = list(self.keys)
         return [self.bos] + self.enc(s)
+
+    def dense_recall_row(self, rng, length: int):
+        """(ids, labels) of ``length + 1`` tokens: recall episodes (filler with facts, 48 tokens to
+        ``length``) each followed by a question about *every* fact, labels on the answers only; a
+        ``chat_p`` share of the episodes is a chat exchange instead (the context and one question as
+        the user's turn, the value and ``<end_of_turn>`` as the model's). The
+        auxiliary batch that keeps the lookup's gradient from drowning in the English tokens (an
+        answer is one token in a few hundred of a mixed row)."""
+        s, spans, keys = "", [], list(self.keys)
+        while True:
+            ep = data.recall_episode(rng, self.docs, rng.randint(48, length), self.count, keys, self.values,
+                                     n_queries=10_000)
+            if ep is None:
+                continue
+            ctx, asked = ep
+            keys = [k for k in keys if f"- {k} =" not in ctx]
+            if len(keys) < 40:
+                keys = list(self.keys)
+            if rng.random() < self.chat_p:  # asked as a chat turn, as lm-eval's chat task and users do
+                k, v = asked[0]
+                s += turn("user", ctx + data.recall_query(k)) + "<start_of_turn>model\n"
+                reply = f" {v}<end_of_turn>\n"  # " value": the very piece the context holds, copied
+                spans.append((len(s), len(s) + len(reply) - 1))  # the value and <end_of_turn>
+                s += reply
+            else:
+                s += ctx + "Recall:\n"
+                for k, v in asked:
+                    s += f"- {k} ="
+                    spans.append((len(s), len(s) + len(v) + 1))
+                    s += f" {v}\n"
+                s += "\n"
+            e = self.tok.encode(s, add_special_tokens=False)
+            if len(e.ids) >= length:
+                break
+        ids = [self.bos] + e.ids[:length]
+        labels = [-100] * len(ids)
+        j = 0
+        for i, (st, en) in enumerate(e.offsets[:length]):
+            while j < len(spans) and spans[j][1] <= st:
+                j += 1
+            if j < len(spans) and st < spans[j][1] and en > spans[j][0]:
+                labels[i + 1] = ids[i + 1]
+        return ids, labels
+
+    def recall_batch(self, step: int, batch_size: int, length: int):
+        import torch
+
+        rows = [self.dense_recall_row(random.Random(self.seed * 5_000_011 + step * 983 + b), length)
+                for b in range(batch_size)]
+        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
 
     def chat_seq(self, rng):
         s, keys = "", list(self.keys)
@@ -164,7 +258,7 @@ class Batches:
                 if ep is None:
                     continue
                 ctx, [(k, v)] = ep
-                s += turn("user", ctx + data.recall_query(k)) + turn("model", v)
+                s += turn("user", ctx + data.recall_query(k)) + f"<start_of_turn>model\n {v}<end_of_turn>\n"
         return [self.bos] + self.enc(s)
 
     def batch(self, step: int, batch_size: int):
@@ -251,13 +345,29 @@ def init_and_optimizer(model, lr: float, qnorm_init: float = 0.0):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "python", "yoco_rs", "default_model"))
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=576)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--qnorm-init", type=float, default=0.0,
-                    help="q_norm weight at init (0: HF's 1.0, what the bundled weights used; 0.177 = head_dim**-0.5)")
+    ap.add_argument("--qnorm-init", type=float, default=0.177,
+                    help="q_norm weight at init (0.177 = head_dim**-0.5, the usual 1/sqrt(d) attention scale; 0: HF's 1.0)")
+    ap.add_argument("--induction-steps", type=int, default=250,
+                    help="warm-up steps on repeated random sequences before the main mix (0: none)")
+    ap.add_argument("--induction-batch", type=int, default=32)
+    ap.add_argument("--induction-seq", type=int, default=64)
+    ap.add_argument("--induction-window", type=int, default=4,
+                    help="sliding window during the warm-up: below the repeat distance, so the induction "
+                         "heads form in the full-attention layers, the ones long-context recall needs")
+    ap.add_argument("--recall-batch", type=int, default=8,
+                    help="rows per step of the auxiliary dense-recall batch (loss on the answers only; 0: none)")
+    ap.add_argument("--recall-seq", type=int, default=512)
+    ap.add_argument("--recall-weight", type=float, default=1.0)
+    ap.add_argument("--recall-chat", type=float, default=0.25,
+                    help="share of the dense-recall episodes asked as a chat turn")
+    ap.add_argument("--max-queries", type=int, default=8, help="recall questions per episode: 2..N")
+    ap.add_argument("--probe-every", type=int, default=0,
+                    help="every N main steps, teacher-forced retrieval accuracy on evals/data/recall.jsonl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: on a shared 2-core machine two threads thrash; the result depends on it)")
@@ -283,11 +393,33 @@ def main() -> None:
     model = Gemma3nForCausalLM(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     opt = init_and_optimizer(model, args.lr, args.qnorm_init)
-    batches = Batches(tok, docs, args.seq, args.seed)
+    batches = Batches(tok, docs, args.seq, args.seed, args.max_queries, args.recall_chat)
     print(f"model: {n_params} parameters; recall words: {len(batches.keys)} keys, {len(batches.values)} values",
           flush=True)
     log, t_train = [], time.time()
     model.train()
+    model.config.sliding_window = args.induction_window
+    for step in range(args.induction_steps):
+        x, y = induction_batch(step, args.induction_batch, args.induction_seq, args.seed)
+        for g in opt.param_groups:
+            g["lr"] = args.lr * min(1.0, (step + 1) / 20)
+        loss = model(input_ids=x, labels=y, use_cache=False).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0 or step == args.induction_steps - 1:
+            el = time.time() - t_train
+            log.append({"induction_step": step, "loss": round(loss.item(), 4), "elapsed_s": round(el, 1)})
+            print(f"induction step {step} loss {loss.item():.4f} {el:.0f}s", flush=True)
+    model.config.sliding_window = WINDOW
+    probe = None
+    if args.probe_every:
+        import recall_experiment
+
+        rows = [json.loads(line) for line in open(os.path.join(ROOT, "evals", "data", "recall.jsonl"))]
+        by_mult = {m: [r for r in rows if r["multiple"] == m][:40] for m in (2, 4, 8)}
+        probe = lambda: recall_experiment.probe(model, tok, by_mult, WINDOW)  # noqa: E731
     step = 0
     for step in range(args.steps):
         x = batches.batch(step, args.batch)
@@ -295,14 +427,24 @@ def main() -> None:
             g["lr"] = lr_at(step, args.steps, args.lr, warmup=min(40, args.steps // 10 + 1))
         loss = model(input_ids=x[:, :-1], labels=x[:, :-1].clone(), use_cache=False).loss
         # (HF shifts labels by one inside; the last input token's target is dropped.)
+        total = loss
+        if args.recall_batch:
+            rx, ry = batches.recall_batch(step, args.recall_batch, args.recall_seq)
+            rloss = labelled_loss(model, rx, ry)
+            total = loss + args.recall_weight * rloss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 10 == 0 or step == args.steps - 1:
             el = time.time() - t_train
             log.append({"step": step, "loss": round(loss.item(), 4), "elapsed_s": round(el, 1)})
-            print(f"step {step} loss {loss.item():.4f} lr {opt.param_groups[0]['lr']:.2e} {el:.0f}s", flush=True)
+            if args.recall_batch:
+                log[-1]["recall_loss"] = round(rloss.item(), 4)
+            print(f"step {step} loss {loss.item():.4f} " + (f"recall {rloss.item():.3f} " if args.recall_batch else "")
+                  + f"lr {opt.param_groups[0]['lr']:.2e} {el:.0f}s", flush=True)
+        if probe and (step + 1) % args.probe_every == 0:
+            print(f"probe step {step + 1}: " + " ".join(f"{m}x {a:.2f}" for m, a in probe().items()), flush=True)
         if args.save_every and step and step % args.save_every == 0:
             save_weights(model, args.out)  # a usable checkpoint while the run goes on
         if args.time_budget_s and time.time() - t_train > args.time_budget_s:
