@@ -172,6 +172,7 @@ pub fn serve_http(
             "top_k" => d.top_k = Some(v as i64),
             "min_p" => d.min_p = Some(v),
             "repetition_penalty" => d.repetition_penalty = Some(v),
+            "max_tokens" => d.max_tokens = Some(v as i64),
             _ => {}
         }
     }

@@ -99,6 +99,9 @@ pub struct SamplingDefaults {
     pub min_p: Option<f64>,
     /// Repetition penalty (vLLM's `--generation-config auto` applies it too).
     pub repetition_penalty: Option<f64>,
+    /// `max_new_tokens`: a cap on every request's `max_tokens`, set or not (vLLM's `get_max_tokens`
+    /// takes the least of the request's value, the context room and this).
+    pub max_tokens: Option<i64>,
 }
 
 impl AppConfig {

@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                "tokens per wire block, default 16)")
     p.add("--generation-config", default="auto", metavar="auto|vllm|PATH",
           help="defaults of the sampling fields a request leaves unset (temperature, top_k, top_p, min_p, "
-               "repetition_penalty): auto, the model's generation_config.json; vllm, none; PATH, a directory "
-               "holding a generation_config.json")
+               "repetition_penalty; its max_new_tokens caps every request's max_tokens, as in vLLM): auto, the "
+               "model's generation_config.json; vllm, none; PATH, a directory holding a generation_config.json")
     # Structured outputs and tool calling (serve/structured.py, serve/tools.py).
     p.add("--structured-outputs-config", type=_json_object, metavar="JSON",
           help="structured-output settings as JSON, vLLM's names where they apply: backend (auto|guidance|"

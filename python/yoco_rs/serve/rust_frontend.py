@@ -48,7 +48,7 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
                                     ("pad_token", tok.pad_token),
                                     ("unk_token", _token_str(tok.config.get("unk_token")))) if v is not None]
     defaults = [(k, float(v)) for k, v in dict(rt.sampling_defaults).items()
-                if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") and v is not None]
+                if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens") and v is not None]
     info = sorted((k, str(v)) for k, v in cache_config_info(rt.config).items())
     return dict(
         chat_template=settings.chat_template or tok.chat_template, special_tokens=special,

@@ -454,3 +454,22 @@ fn bodies_that_are_not_json_are_refused_with_415() {
         "only the JSON request ran"
     );
 }
+
+#[test]
+fn generation_config_max_new_tokens_caps_every_request_s_max_tokens() {
+    let s = TestServer::start(Opts {
+        cfg: Some(|c| c.sampling_defaults.max_tokens = Some(5)),
+        ..Opts::default()
+    });
+    // Unset: the cap, not the context room. Larger: capped (vLLM takes the least). Smaller: kept.
+    for (body, want) in [
+        (r#"{"prompt": [2, 300, 301], "temperature": 0}"#, 5),
+        (r#"{"prompt": [2, 300, 301], "max_tokens": 40, "temperature": 0}"#, 5),
+        (r#"{"prompt": [2, 300, 301], "max_tokens": 3, "temperature": 0}"#, 3),
+    ] {
+        let (st, v) = s.json("/v1/completions", body);
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], want, "{body}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{body}");
+    }
+}
