@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -163,18 +162,11 @@ class Rows:
 
 
 def loss_of(model, x, y):
-    """Causal LM loss on the labelled positions only (the lm_head runs only where a label is)."""
-    import torch
+    """Per-target loss on the labelled positions, and whether each target is the argmax."""
     import torch.nn.functional as F
 
-    h = model.model(input_ids=x[:, :-1], use_cache=False).last_hidden_state
-    tgt = y[:, 1:]
-    m = tgt != -100
-    hs = h[m]
-    logits = model.lm_head(hs)
-    cap = model.config.final_logit_softcapping
-    logits = torch.tanh(logits / cap) * cap
-    return F.cross_entropy(logits, tgt[m], reduction="none"), m, logits.argmax(-1) == tgt[m]
+    logits, tgt = tdm.labelled_logits(model, x, y)
+    return F.cross_entropy(logits, tgt, reduction="none"), y[:, 1:] != -100, logits.argmax(-1) == tgt
 
 
 def probe(model, tok, rows_by_mult, window):
@@ -295,19 +287,9 @@ def main():
             n_now = max(n for st, n in schedule if st <= step)
             rows.keys, rows.values = all_keys[:n_now], all_values[:n_now]
         x, y = rows.batch(step, args.batch, length)
-        if step < args.warmup:
-            lr = args.lr * (step + 1) / args.warmup
-        else:
-            t = (step - args.warmup) / max(1, args.steps - args.warmup)
-            lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = tdm.lr_at(step, args.steps, args.lr, args.warmup)
         per_tok, m, train_acc = loss_of(model, x, y)
-        loss = per_tok.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        tdm.optimizer_step(model, opt, per_tok.mean(), lr)
         if step % 10 == 0 or step == args.steps - 1:
             # recall vs text loss: recall rows are those with some -100 labels
             is_rec = (y[:, 1:] == -100).any(1)

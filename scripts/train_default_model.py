@@ -137,18 +137,36 @@ def induction_row(rng: random.Random, length: int, lo: int = len(SPECIALS) + 256
     return ids, [-100] * (period + 1) + ids[period + 1:]
 
 
-def labelled_loss(model, x, y):
-    """Mean cross-entropy on the labelled positions of ``y`` (-100 elsewhere; ``y[:, i]`` is the
-    target of ``x[:, i - 1]``), the lm_head run on those rows only."""
+def labelled_logits(model, x, y):
+    """(soft-capped logits, targets) at the labelled positions of ``y`` (-100 elsewhere; ``y[:, i]`` is
+    the target of ``x[:, i - 1]``), the lm_head run on those rows only."""
     import torch
-    import torch.nn.functional as F
 
     h = model.model(input_ids=x[:, :-1], use_cache=False).last_hidden_state
     tgt = y[:, 1:]
     m = tgt != -100
     logits = model.lm_head(h[m])
     cap = model.config.final_logit_softcapping
-    return F.cross_entropy(torch.tanh(logits / cap) * cap, tgt[m])
+    return torch.tanh(logits / cap) * cap, tgt[m]
+
+
+def labelled_loss(model, x, y):
+    """Mean cross-entropy on the labelled positions of ``y``."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(*labelled_logits(model, x, y))
+
+
+def optimizer_step(model, opt, loss, lr: float) -> None:
+    """One AdamW update on ``loss`` at learning rate ``lr``, gradients clipped to norm 1."""
+    import torch
+
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
 
 
 def induction_batch(step: int, batch_size: int, length: int, seed: int):
@@ -401,13 +419,8 @@ def main() -> None:
     model.config.sliding_window = args.induction_window
     for step in range(args.induction_steps):
         x, y = induction_batch(step, args.induction_batch, args.induction_seq, args.seed)
-        for g in opt.param_groups:
-            g["lr"] = args.lr * min(1.0, (step + 1) / 20)
         loss = model(input_ids=x, labels=y, use_cache=False).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss, args.lr * min(1.0, (step + 1) / 20))
         if step % 10 == 0 or step == args.induction_steps - 1:
             el = time.time() - t_train
             log.append({"induction_step": step, "loss": round(loss.item(), 4), "elapsed_s": round(el, 1)})
@@ -423,8 +436,6 @@ def main() -> None:
     step = 0
     for step in range(args.steps):
         x = batches.batch(step, args.batch)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, warmup=min(40, args.steps // 10 + 1))
         loss = model(input_ids=x[:, :-1], labels=x[:, :-1].clone(), use_cache=False).loss
         # (HF shifts labels by one inside; the last input token's target is dropped.)
         total = loss
@@ -432,10 +443,7 @@ def main() -> None:
             rx, ry = batches.recall_batch(step, args.recall_batch, args.recall_seq)
             rloss = labelled_loss(model, rx, ry)
             total = loss + args.recall_weight * rloss
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, total, lr_at(step, args.steps, args.lr, warmup=min(40, args.steps // 10 + 1)))
         if step % 10 == 0 or step == args.steps - 1:
             el = time.time() - t_train
             log.append({"step": step, "loss": round(loss.item(), 4), "elapsed_s": round(el, 1)})
