@@ -8,6 +8,7 @@ Prints one line per case (max abs error, tolerance, PASS/FAIL) and exits 1 on an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -26,7 +27,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(__file__))
     from cases import make
 
-    from yoco_rs.executor.attention import get_backend
+    from yoco_rs.attention import get_backend
     from yoco_rs.executor.kv_cache import apply_kv_copies
     from yoco_rs.kernels.backend import TritonAttentionBackend
 
@@ -41,14 +42,14 @@ def main(argv=None) -> int:
         mixed = [(0, 300), (1500, 1), (700, 129), (3000, 1), (40, 1), (0, 1)]
         decode = [(c, 1) for c in (3, 100, 511, 512, 513, 2048, 4000, 9000)]
         windows, blocks, long_rows = (0, 512), (16, 64), [(0, 2048)]
-    dtypes = [torch.float32] + ([] if a.device == "cpu" else [torch.bfloat16])
+    dtypes = [torch.float32] + ([] if a.device == "cpu" and not os.environ.get("CHECK_BF16") else [torch.bfloat16])
     failures = 0
 
-    def report(name, err, tol):
+    def report(name, err, tol, note=""):
         nonlocal failures
         ok = err <= tol
         failures += not ok
-        print(f"  {name:<58} max|err| {err:9.2e}  tol {tol:7.1e}  {'PASS' if ok else 'FAIL'}", flush=True)
+        print(f"  {name:<58} max|err| {err:9.2e}  tol {tol:7.1e}  {'PASS' if ok else 'FAIL'} {note}", flush=True)
 
     def meta(be, c, slots=None):
         return be.build_metadata(
@@ -63,11 +64,19 @@ def main(argv=None) -> int:
             for w in windows:
                 for kind, rows in (("mixed", mixed), ("decode", decode), ("prefill", long_rows)):
                     c = make(f"{kind}", rows, block_size=bs, window=w, dtype=dt, device=a.device, seed=bs + w, **shape)
-                    want = ref.attend(c.q, c.kv, meta(ref, c), 0, 1.0).float()
-                    got = tri.attend(c.q, c.kv, meta(tri, c), 0, 1.0).float()
-                    scale = max(1.0, want.abs().max().item())
-                    report(f"attend {kind:<7} {str(dt)[6:]:<8} block {bs:<3} window {w or 'full'}",
-                           (got - want).abs().max().item() / scale, tol)
+                    # Both backends against the exact answer on the same (rounded) inputs, in float64: with
+                    # scale 1.0 and random unit-variance q/k at D=256 the scores have std 16, where bfloat16
+                    # rounding of the inputs alone moves the reference by more than any fixed tolerance (seen
+                    # on an H200: both ~5e-2). The kernel passes when it is within tol of the exact answer,
+                    # or no further from it than 1.25x the torch reference's own error.
+                    c64 = dataclasses.replace(c, q=c.q.double(), kv=c.kv.double())
+                    exact = ref.attend(c64.q, c64.kv, meta(ref, c64), 0, 1.0)
+                    want = ref.attend(c.q, c.kv, meta(ref, c), 0, 1.0).double()
+                    got = tri.attend(c.q, c.kv, meta(tri, c), 0, 1.0).double()
+                    scale = max(1.0, exact.abs().max().item())
+                    err, ref_err = ((x - exact).abs().max().item() / scale for x in (got, want))
+                    report(f"attend {kind:<7} {str(dt)[6:]:<8} block {bs:<3} window {w or 'full'}", err,
+                           max(tol, 1.25 * ref_err), f"(torch reference {ref_err:.2e})")
         # KV write (slot mapping incl. padding into block 0) and sub-block copies: exact
         c = make("write", mixed, block_size=blocks[0], dtype=dt, device=a.device, **shape)
         t, hkv, d = c.q.shape[0], shape["num_kv_heads"], shape["head_dim"]

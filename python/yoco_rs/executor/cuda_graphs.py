@@ -425,6 +425,7 @@ class CudaGraphRunner:
         graphs = self.mode == "graphs"
         if graphs:
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()  # torch.cuda.graph() empties the cache itself: count from an empty one
             free0 = torch.cuda.mem_get_info(self.device)[0]
             self._pool = torch.cuda.graph_pool_handle()
         t0 = time.perf_counter()

@@ -13,11 +13,20 @@ import torch
 import torch.nn.functional as F
 
 
+FUSED_RMS_NORM = True
+"""bf16/fp16 on a GPU: RMSNorm as one Triton launch (``kernels/rms_norm.py``). False keeps the torch form
+(``benches/gpu_profile_decode.py`` measures both in one run)."""
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """``y = x * (mean(x^2) + eps)^-0.5 [* w]`` in float32, cast back. Gemma 3n has no ``1 + w``."""
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):  # same ops, no casts
         y = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
         return y if weight is None else y.mul_(weight)
+    if FUSED_RMS_NORM and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):  # 1 kernel, not 9
+        from yoco_rs.kernels.rms_norm import rms_norm as fused_rms_norm
+
+        return fused_rms_norm(x, weight, eps)
     xf = x.float()
     y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:

@@ -1,0 +1,127 @@
+"""Where a CUDA-graph decode step of E2B (bf16, random weights) spends its time, on one GPU.
+
+    PYTHONPATH=python:tests:kernels:benches python3 benches/gpu_profile_decode.py   # ~1 minute on an H200
+
+For batch 1 and 64 at ~512 tokens of context: the step's wall time, its device time (CUDA events around
+the graph replay), the weight-read floor (bytes of the weights a decode step must read / measured copy
+bandwidth), and the top kernels by device time from ``torch.profiler`` over a few graph replays.
+``gpu_check.sh`` says *how fast*; this says *why*."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+
+def weight_read_bytes(model) -> int:
+    """Bytes a decode step must read at least: every weight except the per-layer embedding table and the
+    token embedding (gathered by row), counting the tied LM head once."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if "embed_tokens_per_layer" in name or ("embed_tokens" in name and p.shape[0] > 100_000):
+            continue
+        total += p.numel() * p.element_size()
+    emb = [p for n, p in model.named_parameters() if n.endswith("embed_tokens.weight")]
+    if emb:  # the tied LM head reads the whole token table once per step
+        total += emb[0].numel() * emb[0].element_size()
+    return total
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 10 / (time.perf_counter() - t)
+
+
+def main() -> int:
+    from gemma_random import E2B, random_executor
+    from step_plans import MiniPlanner, Req
+
+    from yoco_rs.executor.cuda_graphs import GraphedExecutor
+    from yoco_rs.kernels.backend import TritonAttentionBackend
+
+    torch.set_grad_enabled(False)
+    ex = random_executor(E2B, dtype=torch.bfloat16, device="cuda", seed=3, backend=TritonAttentionBackend())
+    floor_bytes = weight_read_bytes(ex.model)
+    bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; weights a decode step reads: "
+          f"{floor_bytes / 1e9:.2f} GB -> floor {1e3 * floor_bytes / bw:.2f} ms at the measured copy {bw / 1e12:.2f} TB/s",
+          flush=True)
+    from yoco_rs.models.gemma3n import ops
+
+    bs, prompt, batches = 64, 512, (1, 64)
+    per_req = -(-(prompt + 64) // bs)
+    nb = 1 + max(batches) * per_req + 8
+    ex.allocate_kv(nb, bs)
+    windows = [s.window for s in ex.kv_group_specs()]
+    steps: dict = {}
+    for fused in (False, True):  # the torch RMSNorm, then the one-launch Triton one: same run, same weights
+        ops.FUSED_RMS_NORM = fused
+        graphed = GraphedExecutor(ex, max_num_seqs=max(batches), max_num_batched_tokens=8192,
+                                  max_model_len=per_req * bs, mode="graphs")
+        graphed.capture(progress=False)
+        rng = random.Random(0)
+        for b in batches:
+            planner = MiniPlanner(windows=windows, block_size=bs, num_blocks=nb, max_blocks_per_seq=per_req, seed=b)
+            reqs = [Req([rng.randrange(3, E2B["vocab_size"]) for _ in range(prompt)], prompt, max_new=10**9)
+                    for _ in range(b)]
+            batch = planner.batch(reqs, [prompt] * b)
+            MiniPlanner.advance(reqs, [prompt] * b, batch, ex.execute(batch).argmax(-1).cpu())
+            walls, devs = [], []
+            for i in range(12):
+                batch = planner.batch(reqs, [1] * b)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                start.record()
+                logits = graphed.execute(batch)
+                end.record()
+                torch.cuda.synchronize()
+                if i >= 2:
+                    walls.append(time.perf_counter() - t)
+                    devs.append(start.elapsed_time(end) / 1e3)
+                MiniPlanner.advance(reqs, [1] * b, batch, logits.argmax(-1).cpu())
+            batch = planner.batch(reqs, [1] * b)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    graphed.execute(batch)  # same slots rewritten: idempotent
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            kernels = sum(e.count for e in events) / 3
+            steps[(fused, b)] = statistics.median(walls)
+            print(f"\n{'triton' if fused else 'torch '} RMSNorm, batch {b}: step wall {1e3 * statistics.median(walls):.2f} ms, "
+                  f"device (events) {1e3 * statistics.median(devs):.2f} ms, {kernels:.0f} kernels per step, "
+                  f"self half {graphed.runner.stats.self_kind}", flush=True)
+            if fused:
+                for key in ("self_device_time_total", "self_cuda_time_total"):
+                    try:
+                        print(events.table(sort_by=key, row_limit=16, max_name_column_width=90), flush=True)
+                        break
+                    except Exception:  # noqa: BLE001 - the key's name changed across torch versions
+                        continue
+            for q in reqs:
+                planner.release(q)
+        del graphed
+        torch.cuda.empty_cache()
+    for b in batches:
+        print(f"batch {b}: torch RMSNorm {1e3 * steps[(False, b)]:.2f} ms -> triton {1e3 * steps[(True, b)]:.2f} ms "
+              f"per step (x{steps[(False, b)] / steps[(True, b)]:.2f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
