@@ -4,7 +4,9 @@
 
 For batch 1 and 64 at ~512 tokens of context: the step's wall time, its device time (CUDA events around
 the graph replay), the weight-read floor (bytes of the weights a decode step must read / measured copy
-bandwidth), and the top kernels by device time from ``torch.profiler`` over a few graph replays.
+bandwidth), kernels per step and the top kernels by device time (``torch.profiler`` over a few replays),
+with the torch forms, with only the RMSNorm kernel and with every fusion of ``ops.GPU_FUSIONS``, and how
+far the first decode step's logits move between them.
 ``gpu_check.sh`` says *how fast*; this says *why*."""
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def main() -> int:
     from yoco_rs.kernels.backend import TritonAttentionBackend
 
     torch.set_grad_enabled(False)
-    ex = random_executor(E2B, dtype=torch.bfloat16, device="cuda", seed=3, backend=TritonAttentionBackend())
+    # q/k norms x0.25 (gemma_random.randomize): untamed, one ulp anywhere changes this random model's tokens
+    ex = random_executor(E2B, dtype=torch.bfloat16, device="cuda", seed=3, backend=TritonAttentionBackend(),
+                         qk_norm_scale=0.25)
     floor_bytes = weight_read_bytes(ex.model)
     bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; weights a decode step reads: "
@@ -69,8 +73,13 @@ def main() -> int:
     ex.allocate_kv(nb, bs)
     windows = [s.window for s in ex.kv_group_specs()]
     steps: dict = {}
-    for fused in (False, True):  # the torch RMSNorm, then the one-launch Triton one: same run, same weights
-        ops.FUSED_RMS_NORM = fused
+    first_logits: dict = {}
+    full = set(ops.GPU_FUSIONS)
+    variants = [("torch forms", set()), ("Triton RMSNorm", {"rms_norm"}), ("all fusions", full)]
+    for name, fusions in variants:  # same run, same weights, graphs captured afresh for each
+        ops.GPU_FUSIONS.clear()
+        ops.GPU_FUSIONS.update(fusions)
+        fused = fusions == full
         graphed = GraphedExecutor(ex, max_num_seqs=max(batches), max_num_batched_tokens=8192,
                                   max_model_len=per_req * bs, mode="graphs")
         graphed.capture(progress=False)
@@ -94,6 +103,8 @@ def main() -> int:
                 if i >= 2:
                     walls.append(time.perf_counter() - t)
                     devs.append(start.elapsed_time(end) / 1e3)
+                if i == 0:
+                    first_logits[(name, b)] = logits.float().cpu()
                 MiniPlanner.advance(reqs, [1] * b, batch, logits.argmax(-1).cpu())
             batch = planner.batch(reqs, [1] * b)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -102,8 +113,8 @@ def main() -> int:
                 torch.cuda.synchronize()
             events = prof.key_averages()
             kernels = sum(e.count for e in events) / 3
-            steps[(fused, b)] = statistics.median(walls)
-            print(f"\n{'triton' if fused else 'torch '} RMSNorm, batch {b}: step wall {1e3 * statistics.median(walls):.2f} ms, "
+            steps[(name, b)] = statistics.median(walls)
+            print(f"\n{name}, batch {b}: step wall {1e3 * statistics.median(walls):.2f} ms, "
                   f"device (events) {1e3 * statistics.median(devs):.2f} ms, {kernels:.0f} kernels per step, "
                   f"self half {graphed.runner.stats.self_kind}", flush=True)
             if fused:
@@ -117,9 +128,18 @@ def main() -> int:
                 planner.release(q)
         del graphed
         torch.cuda.empty_cache()
+    ops.GPU_FUSIONS.clear()
+    ops.GPU_FUSIONS.update(full)
     for b in batches:
-        print(f"batch {b}: torch RMSNorm {1e3 * steps[(False, b)]:.2f} ms -> triton {1e3 * steps[(True, b)]:.2f} ms "
-              f"per step (x{steps[(False, b)] / steps[(True, b)]:.2f})", flush=True)
+        base = steps[(variants[0][0], b)]
+        print(f"batch {b}: " + ", ".join(f"{n} {1e3 * steps[(n, b)]:.2f} ms (x{base / steps[(n, b)]:.2f})"
+                                         for n, _ in variants), flush=True)
+        ref = first_logits[(variants[0][0], b)]
+        for n, _ in variants[1:]:
+            got = first_logits[(n, b)]
+            same = int((got.argmax(-1) == ref.argmax(-1)).sum())
+            print(f"  first decode step's logits, {n} vs torch forms: max |diff| {(got - ref).abs().max().item():.3g} "
+                  f"(logits up to {ref.abs().max().item():.3g}), argmax same in {same}/{b} rows", flush=True)
     return 0
 
 

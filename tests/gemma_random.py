@@ -31,13 +31,18 @@ E2B = dict(
 
 
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+def randomize(model: torch.nn.Module, seed: int = 0, qk_norm_scale: float = 1.0) -> torch.nn.Module:
+    """``qk_norm_scale`` < 1 tames a real-size model: with unit q/k norms and Gemma 3n's attention scale 1.0
+    the scores have std ~16 at head_dim 256, the softmax is near one-hot and one ulp anywhere changes the
+    tokens (``e2b_checkpoint.QK_NORM_SCALE`` has the figures)."""
     dev = next(model.parameters()).device
     g = torch.Generator(device=dev).manual_seed(seed)
     for name, p in model.named_parameters():
         parts = name.split(".")
         if name.endswith("norm.weight") or (len(parts) > 1 and "norm" in parts[-2]):
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, device=dev))
+            if qk_norm_scale != 1.0 and len(parts) > 1 and parts[-2] in ("q_norm", "k_norm"):
+                p.mul_(qk_norm_scale)
         elif "correct_output_scale" in name:
             p.copy_(0.5 * torch.randn(p.shape, generator=g, device=dev))
         else:
@@ -47,7 +52,7 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def random_executor(cfg: dict, *, dtype=torch.float32, device="cpu", seed: int = 0, fast_prefill: bool = True,
-                    backend=None) -> Executor:
+                    backend=None, qk_norm_scale: float = 1.0) -> Executor:
     args = Gemma3nTextArgs.from_dict(dict(cfg))
-    model = randomize(Gemma3nModel(args, dtype=dtype, device=device), seed)
+    model = randomize(Gemma3nModel(args, dtype=dtype, device=device), seed, qk_norm_scale)
     return Executor(model, kv_sharing_fast_prefill=fast_prefill, attn_backend=backend)

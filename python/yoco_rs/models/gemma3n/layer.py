@@ -21,7 +21,7 @@ from yoco_rs.executor.invariance import SMALL_GEMM_FMA
 from yoco_rs.models.gemma3n.config import Gemma3nTextArgs
 from yoco_rs.models.gemma3n.fused import FusedParams
 from yoco_rs.models.gemma3n.ops import (
-    SQRT2, apply_rope, gaussian_topk, gaussian_topk_multiplier, gelu_tanh, rms_norm,
+    apply_rope, gaussian_topk, gaussian_topk_multiplier, gelu_tanh, gpu_fused, norm_rope, residual_mean, rms_norm,
 )
 
 
@@ -143,11 +143,9 @@ class Attention(nn.Module, Projecting):
         is False: they were written by :meth:`write_kv` already)."""
         t, nh, nkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.is_shared or not write:
-            q = rms_norm(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps)
-            q = apply_rope(q, cos, sin)
+            q = norm_rope(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps, cos, sin)
         elif not _fuse(x):
-            q = apply_rope(rms_norm(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps),
-                           cos, sin)
+            q = norm_rope(self.lin(x, self.q_proj.weight).view(t, nh, d), self.q_norm.weight, self.eps, cos, sin)
             self.write_kv(x, cos, sin, ctx)
         else:
             qkv = rms_norm(self.lin(x, self._qkv.get()).view(t, nh + 2 * nkv, d), self._qkv_scale(), self.eps)
@@ -160,8 +158,7 @@ class Attention(nn.Module, Projecting):
     def write_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttnContext) -> None:
         """Only the K/V of tokens ``x`` (a producing layer), written through ``ctx``."""
         t, nkv, d = x.shape[0], self.num_kv_heads, self.head_dim
-        k = apply_rope(rms_norm(self.lin(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps),
-                       cos, sin)
+        k = norm_rope(self.lin(x, self.k_proj.weight).view(t, nkv, d), self.k_norm.weight, self.eps, cos, sin)
         v = rms_norm(self.lin(x, self.v_proj.weight).view(t, nkv, d), None, self.eps)
         ctx.backend.write_kv(ctx.kv_layer, k, v, ctx.meta, ctx.group)
 
@@ -222,6 +219,10 @@ class AltUp(nn.Module, Projecting):
         invariant. Tokens go in chunks of ``PREDICT_CHUNK`` so the temporaries stay in cache."""
         t, a = h.shape[0], self.num_inputs
         coefs = self.lin(self.modalities(h[:, 0]), self.prediction_coefs.weight).view(t, a, a)
+        if gpu_fused(h, "altup") and h.is_contiguous():  # one launch, the same roundings
+            from yoco_rs.kernels.layer_elementwise import altup_predict
+
+            return altup_predict(h, coefs)
         out = torch.empty_like(h)
         fma = h.device.type == "cpu" and SMALL_GEMM_FMA
         for s in range(0, t, PREDICT_CHUNK):
@@ -237,8 +238,13 @@ class AltUp(nn.Module, Projecting):
 
     def correct(self, pred: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:
         """``corr[:, j] = pred[:, j] + (coef_j + 1) * (activated - pred[:, 0])``."""
+        raw = self.lin(self.modalities(activated), self.correction_coefs.weight)
+        if gpu_fused(pred, "altup") and pred.is_contiguous() and activated.stride(-1) == 1:  # one launch, same roundings
+            from yoco_rs.kernels.layer_elementwise import altup_correct
+
+            return altup_correct(pred, activated, raw)
         innovation = activated - pred[:, 0]
-        coefs = self.lin(self.modalities(activated), self.correction_coefs.weight) + 1.0
+        coefs = raw + 1.0
         corrected = innovation[:, None, :] * coefs[:, :, None]
         return corrected.add_(pred)
 
@@ -307,7 +313,7 @@ class DecoderLayer(nn.Module, Projecting):
         laurel = rms_norm(self.lin(self.lin(x, lr.linear_left.weight), lr.linear_right.weight),
                           lr.post_laurel_norm.weight, eps).add_(x)
         attn = rms_norm(self.self_attn(x, cos, sin, ctx, write=rows is None), self.post_attention_layernorm.weight, eps)
-        gated = (active + attn).add_(laurel).div_(SQRT2)  # transformers divides by math.sqrt(2)
+        gated = residual_mean(active, attn, laurel)
         mlp = self.mlp(rms_norm(gated, self.pre_feedforward_layernorm.weight, eps))
         out = rms_norm(mlp, self.post_feedforward_layernorm.weight, eps).add_(gated)
         corr = self.altup.correct(pred, out)

@@ -13,9 +13,15 @@ import torch
 import torch.nn.functional as F
 
 
-FUSED_RMS_NORM = True
-"""bf16/fp16 on a GPU: RMSNorm as one Triton launch (``kernels/rms_norm.py``). False keeps the torch form
-(``benches/gpu_profile_decode.py`` measures both in one run)."""
+GPU_FUSIONS = {"rms_norm", "norm_rope", "altup", "residual"}
+"""Which elementwise chains run as one Triton launch for bf16/fp16 tensors on a GPU (``kernels/rms_norm.py``,
+``kernels/layer_elementwise.py``): a graph-replayed decode step is launch-bound. float32 and the CPU always
+keep the torch forms. Emptying the set restores them on a GPU too (``benches/gpu_profile_decode.py`` A/Bs
+this in one run)."""
+
+
+def gpu_fused(x: torch.Tensor, name: str) -> bool:
+    return name in GPU_FUSIONS and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -23,7 +29,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if x.dtype == torch.float32 and (weight is None or weight.dtype == torch.float32):  # same ops, no casts
         y = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
         return y if weight is None else y.mul_(weight)
-    if FUSED_RMS_NORM and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):  # 1 kernel, not 9
+    if gpu_fused(x, "rms_norm"):  # 1 kernel, not 9
         from yoco_rs.kernels.rms_norm import rms_norm as fused_rms_norm
 
         return fused_rms_norm(x, weight, eps)
@@ -69,6 +75,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos).add_(rotated.mul_(sin))
+
+
+def norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """A head's RMSNorm then RoPE, ``x [T, heads, D]``: q, and k of a layer that writes KV."""
+    d = x.shape[-1]
+    if gpu_fused(x, "norm_rope") and d >= 2 and not d & (d - 1) and x.stride(-1) == 1:
+        from yoco_rs.kernels.layer_elementwise import norm_rope as fused_norm_rope
+
+        return fused_norm_rope(x, weight, eps, cos, sin)
+    return apply_rope(rms_norm(x, weight, eps), cos, sin)
+
+
+def residual_mean(active: torch.Tensor, attn: torch.Tensor, laurel: torch.Tensor) -> torch.Tensor:
+    """``(active + attn + laurel) / sqrt(2)``: transformers divides by ``math.sqrt(2)``. ``attn`` is consumed."""
+    if gpu_fused(active, "residual") and active.stride(-1) == 1:
+        from yoco_rs.kernels.layer_elementwise import residual_mean as fused_residual_mean
+
+        return fused_residual_mean(active, attn, laurel)
+    return (active + attn).add_(laurel).div_(SQRT2)
 
 
 def magnitude_match(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
