@@ -121,11 +121,15 @@ class Tokenizer:
         tokenize: bool = False,
         chat_template: Optional[str] = None,
         budget: Optional["TemplateBudget"] = None,
+        chat_template_content_format: str = "auto",
         **kwargs,
     ) -> str | list[int]:
         """Render a conversation with the checkpoint's (or the given) Jinja chat template, as HF does:
         ``messages`` is a list of ``{"role", "content"}``; extra keyword arguments reach the template.
-        ``budget`` bounds the rendering's time and size (``TemplateBudgetExceeded``, a ValueError)."""
+        ``budget`` bounds the rendering's time and size (``TemplateBudgetExceeded``, a ValueError).
+        ``chat_template_content_format`` (vLLM's, and ``yoco-serve``'s flag): how a content given as a list
+        of text parts reaches the template: "openai" as the list, "string" joined with newlines, "auto"
+        as the template reads it (:func:`content_format`), the same rule as the Rust server's."""
         from yoco_rs.template_budget import render
 
         template = chat_template or self.chat_template
@@ -136,9 +140,13 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if "role" not in m:
                 raise ValueError(f"messages[{i}] has no 'role'")
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise ValueError("chat_template_content_format must be auto, string or openai, got "
+                             f"{chat_template_content_format!r}")
+        fmt = content_format(template) if chat_template_content_format == "auto" else chat_template_content_format
         text = render(
             _compile(template), budget,
-            messages=list(messages),
+            messages=_with_content_format(messages, fmt),
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
@@ -149,6 +157,46 @@ class Tokenizer:
             # The template already wrote <bos>: encode without adding another.
             return self.hf.encode(text, add_special_tokens=False).ids
         return text
+
+
+_PROBE = "yoco content format probe 7f3a"
+_FORMATS: dict[str, str] = {}
+
+
+def content_format(template: str) -> str:
+    """"openai" if ``template`` reads a list of text parts itself, else "string" (vLLM's
+    ``--chat-template-content-format auto``). Decided as ``crates/yoco-server/src/content_format.rs``
+    decides it: one user message rendered with its content as a string and as a one-part list; the same
+    output, holding the text, means the template loops over the parts."""
+    fmt = _FORMATS.get(template)
+    if fmt is None:
+        t = _compile(template)
+
+        def render(content):
+            try:
+                return t.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+                                bos_token="", eos_token="", pad_token="", unk_token="", tools=None, documents=None)
+            except Exception:  # noqa: BLE001 - a template that fails on either form reads strings
+                return None
+
+        a, b = render(_PROBE), render([{"type": "text", "text": _PROBE}])
+        fmt = "openai" if a is not None and a == b and _PROBE in a else "string"
+        if len(_FORMATS) >= _MAX_TEMPLATES:
+            _FORMATS.pop(next(iter(_FORMATS)))
+        _FORMATS[template] = fmt
+    return fmt
+
+
+def _with_content_format(messages, fmt: str) -> list:
+    """With "string", each content that is a list of text parts becomes them joined with newlines (lists
+    holding images or audio keep their shape: the multimodal templates read parts)."""
+    out = list(messages)
+    if fmt == "string":
+        for i, m in enumerate(out):
+            c = m.get("content")
+            if isinstance(c, (list, tuple)) and all(isinstance(p, dict) and p.get("type") == "text" for p in c):
+                out[i] = {**m, "content": "\n".join(str(p.get("text", "")) for p in c)}
+    return out
 
 
 _TEMPLATES: dict[str, Any] = {}

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use yoco_server::content_format::ContentFormat;
 use yoco_server::{AppConfig, SamplingDefaults, SpecialTokens, ToolConfig, ToolParser};
 use yoco_text::Tokenizer;
 
@@ -32,7 +33,8 @@ use crate::step_executor::{start_loop, LoopSettings};
     vocab_size, api_keys = Vec::new(), max_n = 16, max_prompts_per_request = 256,
     max_request_body_bytes = 32 << 20, metrics_prefix = "yoco".to_string(), max_consecutive_failures = 8,
     async_scheduling = true, on_ready = None, chat_template = None, special_tokens = Vec::new(),
-    trust_request_chat_template = false, chat_template_timeout = 2.0, sampling_defaults = Vec::new(),
+    trust_request_chat_template = false, chat_template_timeout = 2.0,
+    chat_template_content_format = "auto".to_string(), sampling_defaults = Vec::new(),
     compat_metric_names = false, allowed_origins = Vec::new(), return_tokens_as_token_ids = false,
     version = None, cache_config_info = Vec::new(), kv_sharing_fast_prefill = true, max_logprobs = 20,
     structured_outputs_config = None, enable_auto_tool_choice = false, tool_call_parser = None,
@@ -63,6 +65,7 @@ pub fn serve_http(
     special_tokens: Vec<(String, String)>,
     trust_request_chat_template: bool,
     chat_template_timeout: f64,
+    chat_template_content_format: String,
     sampling_defaults: Vec<(String, f64)>,
     compat_metric_names: bool,
     allowed_origins: Vec<String>,
@@ -164,6 +167,8 @@ pub fn serve_http(
         )));
     }
     cfg.chat_template_timeout = std::time::Duration::from_secs_f64(chat_template_timeout);
+    cfg.chat_template_content_format =
+        ContentFormat::parse_flag(&chat_template_content_format).map_err(PyValueError::new_err)?;
     let mut d = SamplingDefaults::default();
     for (k, v) in sampling_defaults {
         match k.as_str() {

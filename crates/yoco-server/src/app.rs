@@ -17,6 +17,7 @@ use yoco_grammar::GrammarCompiler;
 use yoco_text::Tokenizer;
 
 use crate::completions;
+use crate::content_format::ContentFormat;
 use crate::dispatch::Engines;
 use crate::front_metrics::{count_http, FrontMetrics};
 use crate::media::MediaConfig;
@@ -60,6 +61,8 @@ pub struct AppConfig {
     pub trust_request_chat_template: bool,
     /// Time one chat-template rendering may take (`--chat-template-timeout`).
     pub chat_template_timeout: Duration,
+    /// How templates get a list of text parts (`--chat-template-content-format`; None: `auto`).
+    pub chat_template_content_format: Option<ContentFormat>,
     /// Sampling defaults for fields a request leaves unset (`generation_config.json`).
     pub sampling_defaults: SamplingDefaults,
     /// Also publish vLLM's deprecated metric names (`--compat-metric-names`).
@@ -122,6 +125,7 @@ impl AppConfig {
             special_tokens: SpecialTokens::default(),
             trust_request_chat_template: false,
             chat_template_timeout: Duration::from_secs(2),
+            chat_template_content_format: None,
             sampling_defaults: SamplingDefaults::default(),
             compat_metric_names: false,
             allowed_origins: Vec::new(),
@@ -227,6 +231,7 @@ pub fn try_router(
         cfg.chat_template.as_deref(),
         cfg.special_tokens.clone(),
         budget,
+        cfg.chat_template_content_format,
     )?;
     let origins = cfg.allowed_origins.clone();
     let state = Arc::new(AppState {

@@ -8,7 +8,8 @@
 //! A message's parts reach the template as `{"type": "text", "text": ...}`, `{"type": "image"}` and
 //! `{"type": "audio"}` (Gemma 3n's template renders one placeholder token for each); the refs are
 //! collected in order for the [`crate::media::MediaSeam`]. Only a request with at least one media
-//! part takes this path (a text-only conversation's parts are joined, as before).
+//! part takes this path (a text-only conversation's parts go by the template's content format,
+//! [`crate::content_format`]).
 
 use minijinja::value::{Value, ValueKind};
 

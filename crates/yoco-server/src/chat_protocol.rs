@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::chat_media::{has_media, media_content};
+use crate::content_format::text_part;
 use crate::media::MediaRef;
 use crate::openai::{ApiError, CompletionRequest, SamplingRequest};
 use crate::validate::logprobs_field;
@@ -182,10 +183,12 @@ fn describe(v: &Value) -> &'static str {
     }
 }
 
-/// The messages as template input, as the Python server builds them: `role`, `content` (text
-/// parts joined with newlines; anything but text is refused by name), `name`, an assistant's
+/// The messages as template input: `role`, `content` (a string, or a list of text parts that the
+/// template's content format later keeps or joins with newlines, [`crate::content_format`];
+/// anything but text is refused by name), `name`, an assistant's
 /// `tool_calls` (arguments parsed to objects, as tool-aware templates iterate them) and a tool
-/// message's `tool_call_id`. Returns the template values and the last message's text.
+/// message's `tool_call_id`. Returns the template values and the last message's text (parts
+/// joined with newlines).
 ///
 /// With `media` (a multimodal server) and a media part anywhere in the conversation, contents
 /// become part lists for the template and the media refs are appended to `media` in order
@@ -229,10 +232,7 @@ pub(crate) fn template_messages(
         let content = m.get_attr("content").unwrap_or_default();
         let (content, text) = match media.as_deref_mut() {
             Some(refs) => media_content(i, &content, refs)?,
-            None => {
-                let t = content_text(i, &content)?;
-                (Value::from(t.as_str()), t)
-            }
+            None => content_text(i, &content)?,
         };
         let mut fields: Vec<(&str, Value)> =
             vec![("role", Value::from(role.as_str())), ("content", content)];
@@ -257,12 +257,16 @@ pub(crate) fn template_messages(
     Ok((out, last))
 }
 
-fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
+/// A text-only content as the template value (a string, or the list of text parts) and its text.
+fn content_text(i: usize, c: &Value) -> Result<(Value, String), ApiError> {
     match c.kind() {
-        ValueKind::None | ValueKind::Undefined => Ok(String::new()),
-        ValueKind::String => Ok(c.as_str().unwrap_or("").to_string()),
+        ValueKind::None | ValueKind::Undefined => Ok((Value::from(""), String::new())),
+        ValueKind::String => {
+            let t = c.as_str().unwrap_or("").to_string();
+            Ok((Value::from(t.as_str()), t))
+        }
         ValueKind::Seq => {
-            let mut texts = Vec::new();
+            let mut texts: Vec<String> = Vec::new();
             for (j, part) in c.try_iter().into_iter().flatten().enumerate() {
                 let kind = part.get_attr("type").unwrap_or_default();
                 let text = part.get_attr("text").unwrap_or_default();
@@ -279,7 +283,8 @@ fn content_text(i: usize, c: &Value) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(texts.join("\n"))
+            let parts = texts.iter().map(|t| text_part(t)).collect::<Vec<_>>();
+            Ok((Value::from(parts), texts.join("\n")))
         }
         _ => Err(bad_message(format!(
             "messages[{i}].content must be a string or a list of text parts, got {}",

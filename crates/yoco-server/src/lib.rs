@@ -42,6 +42,7 @@ mod chat_media;
 pub mod chat_protocol;
 mod choice_channels;
 mod completions;
+pub mod content_format;
 mod cors;
 mod delivery;
 mod delta_chunk;

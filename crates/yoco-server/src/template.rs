@@ -27,6 +27,7 @@ use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Output, State, UndefinedBehavior};
 use tokio::sync::Semaphore;
 
+use crate::content_format::{self, ContentFormat};
 use crate::openai::ApiError;
 use crate::pyjson::{self, Style};
 
@@ -84,15 +85,19 @@ pub(crate) struct Conversation {
     pub kwargs: Vec<(String, Value)>,
 }
 
-/// One compiled template (its own environment: templates do not see each other).
+/// One compiled template (its own environment: templates do not see each other) and how it wants
+/// a list of text parts ([`content_format`]).
 struct Compiled {
     env: Environment<'static>,
+    format: ContentFormat,
 }
 
 /// The server's template and the trusted request templates, with the budget.
 pub(crate) struct ChatTemplates {
     default: Option<Arc<Compiled>>,
     cache: Mutex<Vec<(String, Arc<Compiled>)>>,
+    /// `--chat-template-content-format` when not `auto`.
+    forced_format: Option<ContentFormat>,
     tokens: SpecialTokens,
     budget: TemplateBudget,
     gate: Arc<Semaphore>,
@@ -282,7 +287,7 @@ fn methods(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Re
 }
 
 impl Compiled {
-    fn new(source: &str, fuel: u64) -> Result<Self, Error> {
+    fn new(source: &str, fuel: u64, forced: Option<ContentFormat>) -> Result<Self, Error> {
         let mut env = Environment::new();
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
@@ -299,7 +304,12 @@ impl Compiled {
         env.add_filter("tojson", tojson);
         env.add_filter("trim", trim);
         env.add_template_owned("chat", source.to_string())?;
-        Ok(Self { env })
+        let format = forced.unwrap_or_else(|| {
+            let f = content_format::detect(&env);
+            FAILURE.with(|f| *f.borrow_mut() = None); // a probe's raise_exception is not a request's
+            f
+        });
+        Ok(Self { env, format })
     }
 }
 
@@ -350,22 +360,24 @@ fn describe(e: &Error) -> String {
 impl ChatTemplates {
     /// `default`: the server's template (`--chat-template`, else the checkpoint's); a syntax
     /// error in it is a start-up error.
+    /// `forced_format`: `--chat-template-content-format` (None: detect per template).
     pub fn new(
         default: Option<&str>,
         tokens: SpecialTokens,
         budget: TemplateBudget,
+        forced_format: Option<ContentFormat>,
     ) -> Result<Self, String> {
         let default = match default {
             None => None,
-            Some(src) => {
-                Some(Arc::new(Compiled::new(src, budget.fuel).map_err(|e| {
-                    format!("the chat template does not compile: {e}")
-                })?))
-            }
+            Some(src) => Some(Arc::new(
+                Compiled::new(src, budget.fuel, forced_format)
+                    .map_err(|e| format!("the chat template does not compile: {e}"))?,
+            )),
         };
         Ok(Self {
             default,
             cache: Mutex::new(Vec::new()),
+            forced_format,
             tokens,
             budget,
             gate: Arc::new(Semaphore::new(MAX_CONCURRENT)),
@@ -388,10 +400,11 @@ impl ChatTemplates {
         }
         // A template that does not compile is the request's fault, like one that fails to render
         // (the Python server names `messages` for both).
-        let c =
-            Arc::new(Compiled::new(src, self.budget.fuel).map_err(|e| {
+        let c = Arc::new(
+            Compiled::new(src, self.budget.fuel, self.forced_format).map_err(|e| {
                 ApiError::bad(format!("chat template error: {e}"), Some("messages"))
-            })?);
+            })?,
+        );
         if cache.len() >= MAX_CACHED {
             cache.remove(0);
         }
@@ -447,8 +460,12 @@ fn render_now(
     DEADLINE.with(|d| d.set(Some(Instant::now() + budget.timeout)));
     let result = (|| {
         let tmpl = c.env.get_template("chat").map_err(|e| describe(&e))?;
+        let continue_final = conv
+            .continue_final
+            .map(|joined| content_format::final_text(&conv.messages, c.format, joined));
+        let messages = content_format::apply(conv.messages, c.format);
         let mut ctx: Vec<(String, Value)> = vec![
-            ("messages".into(), Value::from(conv.messages)),
+            ("messages".into(), Value::from(messages)),
             ("tools".into(), Value::from(())),
             ("documents".into(), Value::from(())),
             (
@@ -474,8 +491,8 @@ fn render_now(
         tmpl.render_captured_to(root, &mut w)
             .map_err(|e| describe(&e))?;
         let text = String::from_utf8(w.out).map_err(|e| format!("chat template error: {e}"))?;
-        match conv.continue_final {
-            Some(last) => continue_final(text, &last),
+        match continue_final {
+            Some(last) => continue_final_cut(text, &last),
             None => Ok(text),
         }
     })();
@@ -485,7 +502,7 @@ fn render_now(
 
 /// transformers' `continue_final_message`: cut the rendering right after the last message's text
 /// (keeping its trailing whitespace where the template kept it), so the model continues it.
-fn continue_final(text: String, last: &str) -> Result<String, String> {
+fn continue_final_cut(text: String, last: &str) -> Result<String, String> {
     let stripped = py_strip(last, None, true, true);
     let Some(loc) = text.rfind(stripped) else {
         return Err(
@@ -553,7 +570,7 @@ mod tests {
 
     fn render(src: &str, conv: Conversation) -> Result<String, String> {
         let budget = TemplateBudget::for_output(1 << 20, Duration::from_secs(2));
-        let c = Compiled::new(src, budget.fuel).map_err(|e| e.to_string())?;
+        let c = Compiled::new(src, budget.fuel, None).map_err(|e| e.to_string())?;
         let tokens = SpecialTokens {
             bos: "<bos>".into(),
             eos: "<eos>".into(),

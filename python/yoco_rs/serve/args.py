@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                "plus 5 s of connection close fits Kubernetes' 30 s termination grace period)")
     p.add("--chat-template", metavar="PATH_OR_TEXT",
           help="Jinja chat template (a file or the template itself) overriding the checkpoint's")
+    p.add("--chat-template-content-format", choices=("auto", "string", "openai"), default="auto",
+          help="how a message's list of text parts reaches the template: 'openai' as the list, 'string' "
+               "joined with newlines; 'auto' asks each template (one that loops over the parts gets the list)")
     p.add("--return-tokens-as-token-ids", action="store_true",
           help="logprobs name tokens as 'token_id:N' instead of their text")
     p.add("--metrics-prefix", choices=("yoco", "vllm"), default="yoco",

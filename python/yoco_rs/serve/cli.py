@@ -34,7 +34,8 @@ def settings_of(args) -> ServerSettings:
         shutdown_timeout=args.shutdown_timeout, return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         host=args.host, port=args.port, max_n=args.max_n, max_prompts_per_request=args.max_prompts_per_request,
         trust_request_chat_template=args.trust_request_chat_template,
-        chat_template_seconds=args.chat_template_timeout, allowed_origins=list(args.allowed_origins or []),
+        chat_template_seconds=args.chat_template_timeout,
+        chat_template_content_format=args.chat_template_content_format, allowed_origins=list(args.allowed_origins or []),
         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
         allowed_local_media_path=args.allowed_local_media_path, max_media_bytes=args.max_media_bytes,
         media_fetch_timeout=args.media_fetch_timeout)

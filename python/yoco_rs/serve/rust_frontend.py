@@ -53,7 +53,8 @@ def _chat_and_metrics_settings(rt: Runtime, settings) -> dict:
     return dict(
         chat_template=settings.chat_template or tok.chat_template, special_tokens=special,
         trust_request_chat_template=bool(settings.trust_request_chat_template),
-        chat_template_timeout=float(settings.chat_template_seconds), sampling_defaults=defaults,
+        chat_template_timeout=float(settings.chat_template_seconds),
+        chat_template_content_format=settings.chat_template_content_format, sampling_defaults=defaults,
         compat_metric_names=bool(settings.compat_metric_names), allowed_origins=list(settings.allowed_origins or []),
         return_tokens_as_token_ids=bool(settings.return_tokens_as_token_ids), version=yoco_rs.__version__,
         cache_config_info=info, kv_sharing_fast_prefill=bool(rt.config.kv_sharing_fast_prefill),

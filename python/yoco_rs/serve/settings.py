@@ -35,6 +35,8 @@ class ServerSettings:
     """Accept ``chat_template`` in requests (vLLM's ``--trust-request-chat-template``); off: 400."""
     chat_template_seconds: float = 2.0
     """Time budget of one chat-template rendering (the server's template or a trusted request's)."""
+    chat_template_content_format: str = "auto"
+    """auto | string | openai: how a list of text parts reaches a template (vLLM's flag of that name)."""
     allowed_origins: list[str] = field(default_factory=list)
     """CORS origins; empty: no CORS headers at all (browsers block cross-origin reads)."""
     enable_auto_tool_choice: bool = False

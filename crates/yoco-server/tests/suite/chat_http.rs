@@ -50,7 +50,8 @@ fn the_prompt_is_the_bundled_template_rendered_and_tokenized_without_a_second_bo
     assert_eq!(v["sampling_params"]["max_tokens"], 4);
     assert_eq!(v["sampling_params"]["temperature"], json!(0.0));
     assert_eq!(v["model"], "mock");
-    // System turns fold into the first user turn; text parts are joined with newlines.
+    // System turns fold into the first user turn; the bundled template reads a list of text parts
+    // itself (vLLM's "openai" content format, detected): each part trimmed, then concatenated.
     let (_, v) = s.json(
         "/v1/chat/completions/render",
         &json!({"messages": [{"role": "system", "content": "Be brief."},
@@ -60,7 +61,7 @@ fn the_prompt_is_the_bundled_template_rendered_and_tokenized_without_a_second_bo
                               {"role": "user", "content": "more"}]})
         .to_string(),
     );
-    let want = "<bos><start_of_turn>user\nBe brief.\n\na\nb<end_of_turn>\n<start_of_turn>model\nok<end_of_turn>\n\
+    let want = "<bos><start_of_turn>user\nBe brief.\n\nab<end_of_turn>\n<start_of_turn>model\nok<end_of_turn>\n\
                 <start_of_turn>user\nmore<end_of_turn>\n<start_of_turn>model\n";
     assert_eq!(v["token_ids"], json!(ids(want)));
 }

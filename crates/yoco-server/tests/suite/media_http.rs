@@ -185,7 +185,7 @@ fn media_parts_render_as_placeholders_and_reach_the_seam_in_order() {
 }
 
 #[test]
-fn a_text_only_conversation_on_a_media_server_keeps_its_joined_text() {
+fn a_text_only_conversation_on_a_media_server_renders_as_on_a_text_server() {
     let (s, seam) = server(Vec::new());
     let (st, v) = s.json(
         "/v1/chat/completions/render",
@@ -198,7 +198,7 @@ fn a_text_only_conversation_on_a_media_server_keeps_its_joined_text() {
     );
     let want = common::tokenizer()
         .encode(
-            "<bos><start_of_turn>user\na\nb<end_of_turn>\n<start_of_turn>model",
+            "<bos><start_of_turn>user\nab<end_of_turn>\n<start_of_turn>model",
             false,
         )
         .unwrap()
