@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -95,7 +96,9 @@ def part_throughput() -> None:
 
 
 def part_serve() -> None:
-    port = 18765
+    with socket.socket() as s:  # a free port (CI runs test shards side by side)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = dict(os.environ)
     proc = subprocess.Popen([sys.executable, "-m", "yoco_rs.serve.cli", "--port", str(port), "--device", DEV],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
