@@ -167,6 +167,9 @@ impl StepLoop {
                 if let Ok(mut e) = self.stats.dead_error.lock() {
                     *e = Some(msg.to_string());
                 }
+                // Dead from now, before these requests' 503s go out: a client that retries on
+                // seeing one must be routed to another loop, not back to this one.
+                self.stats.dead.store(true, Relaxed);
             }
         }
         for &id in &ids {
