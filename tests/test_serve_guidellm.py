@@ -62,9 +62,19 @@ def test_guidellm_completes_and_its_token_counts_are_the_servers(srv, tmp_path, 
         k = (name, frozenset())
         return after.get(k, 0) - before.get(k, 0)
 
-    assert sum(r["prompt_tokens"] for r in reqs) == delta("yoco:prompt_tokens_total")
-    assert sum(r["output_tokens"] for r in reqs) == delta("yoco:generation_tokens_total")
-    assert sum(r["cached_tokens"] or 0 for r in reqs) == delta("yoco:prefix_cache_hits_total") > 0
+    # A benchmark that stops one short may still have sent that request: the server then counted it and
+    # GuideLLM did not report it (seen in CI, 2026-12-04: 12 served, 11 reported). Its tokens are the
+    # server's surplus, at most one request's each; with nothing missing the sums are exact.
+    missing = 2 * 6 - len(reqs)
+    extra = {name: delta(name) - sum(r[key] or 0 for r in reqs)
+             for name, key in (("yoco:prompt_tokens_total", "prompt_tokens"),
+                               ("yoco:generation_tokens_total", "output_tokens"),
+                               ("yoco:prefix_cache_hits_total", "cached_tokens"))}
+    most = {"yoco:prompt_tokens_total": max(r["prompt_tokens"] for r in reqs), "yoco:generation_tokens_total": 8,
+            "yoco:prefix_cache_hits_total": max(r["prompt_tokens"] for r in reqs)}
+    for name, e in extra.items():
+        assert 0 <= e <= missing * most[name], (name, e, missing)
+    assert delta("yoco:prefix_cache_hits_total") > 0
     for r in reqs[:4]:  # the prompt tokens GuideLLM reports are exactly the prompt it sent
         body = json.loads(r["request_args"])["body"]
         tok = {"prompt": body["prompt"]} if "prompt" in body else {"messages": body["messages"]}
