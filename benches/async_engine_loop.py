@@ -1,5 +1,6 @@
-"""AsyncEngine (the Rust step loop) against Engine.generate (the Python step loop) on the same model and
-workload: output tokens/s of ``C`` concurrent greedy requests of ``T`` tokens each (``ignore_eos``), and the
+"""AsyncEngine (the Rust step loop on its own thread, events through a reader thread and asyncio) against
+Engine.generate (the same loop stepped by hand on the caller's thread; until 2026-12-04 a Python loop) on
+the same model and workload: output tokens/s of ``C`` concurrent greedy requests of ``T`` tokens each (``ignore_eos``), and the
 process CPU seconds per 1,000 output tokens. The two alternate three times per concurrency; medians, and
 the ratio AsyncEngine / Engine (these machines are shared and noisy: the ratio within one run is what counts).
 
@@ -63,7 +64,7 @@ def main() -> None:
     aeng = AsyncEngine(**SETTINGS)
     loop.run_until_complete(aeng.wait_ready())
     seng = Engine(**SETTINGS)
-    print("| concurrency | tokens | Engine (Python loop) tok/s | AsyncEngine (Rust loop) tok/s | ratio "
+    print("| concurrency | tokens | Engine (manual loop) tok/s | AsyncEngine (threaded loop) tok/s | ratio "
           "| CPU s / 1k tok, Engine | CPU s / 1k tok, AsyncEngine |")
     print("|---|---|---|---|---|---|---|")
     for conc in args.conc:

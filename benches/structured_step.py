@@ -40,14 +40,22 @@ class SleepyExecutor:
 def run(rows: int, steps: int, constrained: bool, ms: float, waits: list, cpu: list) -> list[float]:
     eng = Engine(max_model_len=4096, max_num_seqs=256, max_num_batched_tokens=8192, num_gpu_blocks_override=4096)
     eng._runner = SleepyExecutor(eng.vocab_size, rows + 16, ms)
-    apply = eng._grammars.apply
+    launch = eng._executor.launch  # the loop calls it by name on the instance
 
-    def timed_apply(plan, logits):  # the wait for the masks after the forward (0 when they overlapped it)
-        t = time.perf_counter()
-        apply(plan, logits)
-        waits.append(time.perf_counter() - t)
+    class TimedMasks:  # the wait for the masks after the forward (0 when they overlapped it)
+        def __init__(self, inner):
+            self._inner = inner
 
-    eng._grammars.apply = timed_apply
+        def take(self):
+            t = time.perf_counter()
+            r = self._inner.take()
+            waits.append(time.perf_counter() - t)
+            return r
+
+    def timed_launch(plan, tables, resumed, masks=None, scoring=None):
+        return launch(plan, tables, resumed, None if masks is None else TimedMasks(masks), scoring)
+
+    eng._executor.launch = timed_launch
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True) if constrained else None
     p = SamplingParams(temperature=0.0, max_tokens=steps + 50, ignore_eos=True, structured_outputs=so)
     for i in range(rows):

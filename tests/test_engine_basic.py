@@ -7,6 +7,7 @@ import torch
 
 from engine_util import assert_pool_drained, greedy, run_until_done
 from yoco_rs import Engine, RequestOutputKind, SamplingParams
+from yoco_rs.errors import EngineClosedError
 
 
 @pytest.fixture(scope="module")
@@ -53,25 +54,32 @@ def test_stop_token_ids_keep_the_token_and_report_it(engine):
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
-def test_eos_stops_unless_ignore_eos_and_min_tokens_suppresses_it(engine):
+def test_eos_stops_unless_ignore_eos_and_min_tokens_suppresses_it(engine, tmp_path):
+    import json
+    import shutil
+
     base = _first_tokens(engine, [2, 700, 800, 900], 10)
     eos = base.token_ids[4]
-    # Pretend that token is EOS by making it a stop id through the tokenizer's eos list.
-    engine._eos.append(eos)
-    try:
-        stopped = engine.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10),
-                                  use_tqdm=False)[0].outputs[0]
+    # The same checkpoint with that token made an EOS id by its generation config.
+    model = shutil.copytree(engine.config.model, tmp_path / "m")
+    gen = json.loads((model / "generation_config.json").read_text())
+    ids = gen.get("eos_token_id")
+    gen["eos_token_id"] = (ids if isinstance(ids, list) else [ids]) + [eos]
+    (model / "generation_config.json").write_text(json.dumps(gen))
+    with Engine(str(model), max_model_len=256, num_gpu_blocks_override=128, max_num_seqs=8,
+                max_num_batched_tokens=64) as e:
+        assert eos in e.tokenizer.eos_token_ids
+        stopped = e.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10),
+                             use_tqdm=False)[0].outputs[0]
         first = base.token_ids.index(eos)
         assert stopped.token_ids == base.token_ids[: first + 1]
         assert stopped.finish_reason == "stop" and stopped.stop_reason is None
-        ignored = engine.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
-                                  use_tqdm=False)[0].outputs[0]
+        ignored = e.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+                             use_tqdm=False)[0].outputs[0]
         assert ignored.token_ids == base.token_ids and ignored.finish_reason == "length"
-        late = engine.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=10),
-                               use_tqdm=False)[0].outputs[0]
+        late = e.generate([2, 700, 800, 900], SamplingParams(temperature=0.0, max_tokens=10, min_tokens=10),
+                          use_tqdm=False)[0].outputs[0]
         assert len(late.token_ids) == 10 and eos not in late.token_ids
-    finally:
-        engine._eos.remove(eos)
 
 
 def test_stop_strings_cut_the_text_and_finish_in_the_core(engine):
@@ -179,6 +187,58 @@ def test_abort_mid_generation_frees_every_block(engine):
     engine.step()
     assert not engine.has_unfinished_requests()
     assert_pool_drained(engine)
+
+
+def test_abort_frees_the_blocks_before_it_returns(engine):
+    engine.add_request("now", [2] + [410] * 40, greedy(50))
+    engine.step()
+    assert engine.get_metrics().kv_blocks_used > 0
+    engine.abort_request("now")
+    m = engine.get_metrics()
+    assert m.kv_blocks_used == 0 and m.num_requests_running == 0
+    assert engine.has_unfinished_requests()  # its final output is the next step's
+    (out,) = engine.step()
+    assert out.request_id == "now" and out.finished and out.outputs[0].finish_reason == "abort"
+    assert len(out.outputs[0].token_ids) == 1
+    assert_pool_drained(engine)
+
+
+def test_an_abort_asked_for_while_a_step_runs_takes_effect_at_the_next_step(engine):
+    runner = engine._runner
+    real = runner.execute
+    calls = []
+
+    def execute(batch, *a, **k):  # the executor calls back into the engine mid-step
+        if not calls:
+            engine.abort_request("x")
+        calls.append(1)
+        return real(batch, *a, **k)
+
+    engine.add_request("x", [2, 40, 41], greedy(50))
+    engine.add_request("y", [2, 42, 43], greedy(3))
+    runner.execute = execute
+    try:
+        first = {o.request_id: o for o in engine.step()}
+        assert not first["x"].finished and len(first["x"].outputs[0].token_ids) == 1  # the step ran it
+        second = {o.request_id: o for o in engine.step()}
+        assert second["x"].finished and second["x"].outputs[0].finish_reason == "abort"
+        assert len(second["x"].outputs[0].token_ids) == 1  # aborted before the second step planned
+        finals = run_until_done(engine)
+        assert len(finals["y"].outputs[0].token_ids) == 3
+    finally:
+        del runner.execute
+    assert_pool_drained(engine)
+
+
+def test_a_closed_engine_refuses_requests():
+    e = Engine(max_model_len=64, num_gpu_blocks_override=16, max_num_seqs=2)
+    e.add_request("left", [2, 5, 6], greedy(4))
+    e.close()
+    assert not e.has_unfinished_requests()
+    with pytest.raises(EngineClosedError, match="closed"):
+        e.add_request("late", [2, 5, 6], greedy(4))
+    assert e.step() == []
+    e.close()  # idempotent
 
 
 def test_streaming_kinds_cumulative_and_delta(engine):

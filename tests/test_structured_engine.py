@@ -208,7 +208,7 @@ def test_abort_mid_constrained_generation_frees_everything():
     e.abort_request("ab")
     finals = run_until_done(e)
     assert finals["ab"].outputs[0].finish_reason == "abort"
-    assert len(e._grammars.table) == 0
+    assert e.get_num_unfinished_requests() == 0 and e._core.num_unfinished() == 0
     assert_pool_drained(e)
 
 

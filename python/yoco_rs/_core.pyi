@@ -81,12 +81,14 @@ class StepMasks:
         ...
 
 class EngineLoop:
-    """The Rust step loop (the one ``serve_http`` runs) over one ``StepExecutor``: what ``AsyncEngine``
-    runs. Scheduling, detokenization, stop strings and grammar masks in Rust; the executor called once
-    per step with the GIL held only for that call."""
+    """The Rust step loop (the one ``serve_http`` runs) over one ``StepExecutor``. Scheduling,
+    detokenization, stop strings and grammar masks in Rust; the executor called once per step with the GIL
+    held only for that call. On its own thread (``AsyncEngine``), or with ``manual=True`` stepped by the
+    caller, one synchronous step per ``step()`` (``Engine``)."""
 
     def __init__(self, scheduler: "Scheduler", executor: Any, *, tokenizer_file: str, eos_token_ids: list[int],
-                 vocab_size: int, max_consecutive_failures: int = 3, async_scheduling: bool = False) -> None: ...
+                 vocab_size: int, max_consecutive_failures: int = 3, async_scheduling: bool = False,
+                 manual: bool = False) -> None: ...
     def submit(self, prompt: list[int], max_tokens: int, *, min_tokens: int = 0, ignore_eos: bool = False,
                stop_token_ids: list[int] = ..., stop: list[str] = ..., include_stop_str: bool = False,
                skip_special_tokens: bool = True, stream: bool = True, detokenize: bool = True, cache_salt: Optional[str] = None,
@@ -94,14 +96,33 @@ class EngineLoop:
                min_p: float = 0.0, seed: Optional[int] = None, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logprobs: Optional[int] = None,
                prompt_logprobs: Optional[int] = None, grammar: Optional["CompiledGrammar"] = None,
-               mm_placeholders: list[tuple[int, int, str]] = ..., mm_items: Any = None) -> int:
-        """Queue one completion; its loop id. ``EngineDied`` once the loop has stopped. ``detokenize=False``:
-        its events carry token ids and empty text."""
+               mm_placeholders: list[tuple[int, int, str]] = ..., mm_items: Any = None,
+               after: Optional[int] = None) -> int:
+        """Queue one completion; its loop id. ``EngineDied`` once a threaded loop has stopped.
+        ``detokenize=False``: its events carry token ids and empty text. ``after``: a sibling completion's
+        loop id whose prompt this one waits for and reuses."""
         ...
-    def abort(self, id: int) -> None: ...
+    def abort(self, id: int) -> None:
+        """Abort a request (a manual loop frees its blocks before returning)."""
+        ...
     def poll(self, timeout: float) -> list[tuple]:
         """Wait up to ``timeout`` s (GIL released) for events: ``(id, token_id | None, text, logprob | None,
-        prompt_logprobs | None)`` deltas and ``(id, finished: dict)`` ends."""
+        prompt_logprobs | None)`` deltas and ``(id, finished: dict)`` ends. A manual loop returns at once."""
+        ...
+    def step(self) -> tuple[bool, Optional[str]]:
+        """Manual loops: run one step; ``(ran, error)``, ``error`` the failed step's message."""
+        ...
+    def num_unfinished(self) -> int:
+        """Manual loops: requests submitted and not yet ended."""
+        ...
+    def check_invariants(self) -> None:
+        """Manual loops: the scheduler's invariants (AssertionError)."""
+        ...
+    def reset_prefix_cache(self) -> bool:
+        """Manual loops: drop every cached prefix; False while requests hold blocks."""
+        ...
+    def take_kv_events(self) -> list[dict]:
+        """Manual loops: KV events since the last call (as ``Scheduler.take_kv_events``)."""
         ...
     def is_dead(self) -> bool: ...
     def dead_error(self) -> Optional[str]: ...

@@ -32,7 +32,8 @@ from yoco_rs.errors import EngineClosedError, EngineDeadError, RequestFailedErro
 from yoco_rs.executor.sampler import derive_seed
 from yoco_rs.inputs import PromptType
 from yoco_rs.loop_outputs import LoopRequest
-from yoco_rs.metrics import EngineMetrics, HistogramSnapshot, MetricsRecorder
+from yoco_rs.loop_requests import LoopRequests
+from yoco_rs.metrics import EngineMetrics, MetricsRecorder, loop_metrics
 from yoco_rs.outputs import RequestOutput
 from yoco_rs.runtime import resolve_model_dir
 from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
@@ -133,8 +134,7 @@ class AsyncEngine:
         self._preparer = None
         # Weak: a stream dropped by its consumer is collected and aborts its request (``__del__``).
         self._streams: "weakref.WeakValueDictionary[str, RequestStream]" = weakref.WeakValueDictionary()
-        self._requests: dict[str, LoopRequest] = {}  # unfinished, by request id
-        self._by_loop_id: dict[int, tuple[LoopRequest, int]] = {}  # loop id -> (request, completion index)
+        self._table = LoopRequests()  # unfinished requests and their loop ids
         self._lock = threading.Lock()  # submit + register vs the reader's dispatch
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ready = threading.Event()
@@ -158,7 +158,7 @@ class AsyncEngine:
     # ---- the reader thread ---------------------------------------------------------------------------
     def _run(self, progress: bool) -> None:
         from yoco_rs.executor.step_executor import StepExecutor, async_scheduling_on
-        from yoco_rs.grammar_state import GrammarState
+        from yoco_rs.grammars import Grammars
         from yoco_rs.request_prep import RequestPreparer
         from yoco_rs.runtime import build_runtime
 
@@ -166,7 +166,7 @@ class AsyncEngine:
             rt = build_runtime(self._config_in, progress=progress)
             self._executor = StepExecutor(rt)
             tok = rt.tokenizer
-            grammars = GrammarState(tok.tokenizer_file, rt.vocab_size, list(tok.eos_token_ids),
+            grammars = Grammars(tok.tokenizer_file, rt.vocab_size, list(tok.eos_token_ids),
                                     limits=rt.config.structured_outputs_config)
             self._preparer = RequestPreparer(rt, grammars)
             self._core = _core.EngineLoop(
@@ -187,11 +187,11 @@ class AsyncEngine:
                 events = core.poll(_POLL_S)
                 if events:
                     self._dispatch(events)
-                if core.dead_error() is not None and self._dead is None and not self._requests:
+                if core.dead_error() is not None and self._dead is None and not self._table.requests:
                     self._dead = EngineDeadError(self._death_message(core.dead_error()))
                     self._dead.__cause__ = self._executor.last_error
                     break
-                if self._stopping and not self._requests:
+                if self._stopping and not self._table.requests:
                     break
         except BaseException as e:  # a bug in the dispatch: the engine is dead, fail every request
             log.exception("engine reader died")
@@ -202,38 +202,13 @@ class AsyncEngine:
             self._stopped.set()
 
     def _dispatch(self, events: list) -> None:
-        """Turn a batch of loop events into outputs and hand them to the event loop in one call."""
-        now = time.monotonic()
-        outs: list = []
+        """Turn a batch of loop events into outputs (a failed request's into its error) and hand them
+        to the event loop in one call."""
         with self._lock:
-            for ev in events:
-                entry = self._by_loop_id.get(ev[0])
-                if entry is None:
-                    continue
-                req, index = entry
-                if len(ev) == 2:
-                    del self._by_loop_id[ev[0]]
-                    out = req.on_finished(index, ev[1], now)
-                    if req.error is not None:
-                        if req.finished or out is not None:
-                            self._abort_rest(req)
-                        if req.finished:
-                            del self._requests[req.request_id]
-                            outs.append((req.request_id, self._request_error(*req.error)))
-                        continue
-                    if req.finished:
-                        del self._requests[req.request_id]
-                else:
-                    out = req.on_delta(index, ev[1], ev[2], ev[3], ev[4], now)
-                if out is not None:
-                    outs.append((req.request_id, out))
+            pairs = self._table.dispatch(events, time.monotonic(), self._core.abort)
+        outs = [(req.request_id, out if req.error is None else self._request_error(*req.error)) for req, out in pairs]
         if outs:
             self._push(outs)
-
-    def _abort_rest(self, req: LoopRequest) -> None:
-        for lid in req.loop_ids:
-            if lid in self._by_loop_id:
-                self._core.abort(lid)
 
     def _request_error(self, message: str, engine_dead: bool) -> BaseException:
         cause = self._executor.last_error if self._executor is not None else None
@@ -268,9 +243,8 @@ class AsyncEngine:
     def _fail_all(self, err: BaseException) -> None:
         """The loop is gone: every stream still open gets ``err`` (nobody waits forever)."""
         with self._lock:
-            rids = list(self._requests)
-            self._requests.clear()
-            self._by_loop_id.clear()
+            rids = list(self._table.requests)
+            self._table = LoopRequests()
         if rids:
             self._push([(rid, err) for rid in rids])
 
@@ -339,7 +313,7 @@ class AsyncEngine:
         self._bind_loop()
         await asyncio.to_thread(self._ready.wait)
         deadline = None if drain_timeout is None else time.monotonic() + drain_timeout
-        while self._requests and not self.is_dead and (deadline is None or time.monotonic() < deadline):
+        while self._table.requests and not self.is_dead and (deadline is None or time.monotonic() < deadline):
             await asyncio.sleep(0.01)
         core = self._core
         if core is not None:
@@ -401,50 +375,16 @@ class AsyncEngine:
             raise EngineClosedError("the engine is shutting down and accepts no new requests")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         req = LoopRequest(rid, proc.prompt, list(proc.token_ids), params, arrival, self._rt.text.decode_each)
+        base_seed = params.seed if params.seed is not None else derive_seed(self._rt.config.seed, next(self._seeds))
         with self._lock:
-            if rid in self._requests:
-                raise ValueError(f"request_id {rid!r} is already in use by an unfinished request")
-            self._submit(req, proc, params, priority)
+            try:
+                self._table.submit(self._core, req, proc, params, priority, base_seed, self._rt.config.max_model_len)
+            except _core.EngineDied as e:
+                raise EngineDeadError(str(e)) from self._executor.last_error
             # Made only now: a stream that is collected unfinished aborts its request id.
             stream = RequestStream(self, rid, req.prompt_ids)
-            self._requests[rid] = req
             self._streams[rid] = stream
         return stream
-
-    def _submit(self, req: LoopRequest, proc, params: SamplingParams, priority: int) -> None:
-        """One loop sequence per completion (under ``_lock``); all or none are submitted."""
-        limit = self._rt.config.max_model_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(req.prompt_ids)
-        base_seed = params.seed if params.seed is not None else derive_seed(self._rt.config.seed, next(self._seeds))
-        stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
-        items = proc.mm_items
-        media = dict(mm_items=items, mm_placeholders=sorted(it.placeholder() for it in items)) if items else {}
-        try:
-            for i in range(params.n):
-                lid = self._core.submit(
-                    req.prompt_ids, int(max_tokens), min_tokens=params.min_tokens, ignore_eos=params.ignore_eos,
-                    stop_token_ids=list(params.stop_token_ids or ()), stop=stop,
-                    include_stop_str=params.include_stop_str_in_output,
-                    skip_special_tokens=params.skip_special_tokens, detokenize=params.detokenize,
-                    stream=params.output_kind != RequestOutputKind.FINAL_ONLY, cache_salt=proc.cache_salt,
-                    priority=priority, temperature=params.temperature, top_p=params.top_p,
-                    top_k=max(int(params.top_k), 0), min_p=params.min_p, seed=base_seed + i,
-                    presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-                    repetition_penalty=params.repetition_penalty, logprobs=params.logprobs,
-                    prompt_logprobs=params.prompt_logprobs if i == 0 else None,
-                    grammar=getattr(proc, "grammar", None), **media)
-                req.loop_ids.append(lid)
-                self._by_loop_id[lid] = (req, i)
-        except _core.EngineDied as e:
-            for lid in req.loop_ids:
-                self._by_loop_id.pop(lid, None)
-                self._core.abort(lid)
-            raise EngineDeadError(str(e)) from self._executor.last_error
-        except BaseException:
-            for lid in req.loop_ids:
-                self._by_loop_id.pop(lid, None)
-                self._core.abort(lid)
-            raise
 
     async def stream(self, prompt: PromptType, params: Optional[SamplingParams] = None,
                      request_id: Optional[str] = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -469,13 +409,13 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> bool:
         """Abort a request in any state (its blocks are freed within one step); False if unknown."""
         self._bind_loop()
-        if request_id not in self._requests:
+        if request_id not in self._table.requests:
             return False
         self._abort_nowait(request_id)
         return True
 
     def _abort_nowait(self, request_id: str) -> None:
-        req = self._requests.get(request_id)
+        req = self._table.requests.get(request_id)
         core = self._core
         if req is not None and core is not None:
             for lid in list(req.loop_ids):
@@ -559,17 +499,12 @@ class AsyncEngine:
         core = self._core
         if core is None:
             return self._metrics_idle.snapshot()
-        stats = core.stats()
-        for name, v in stats.items():
-            if isinstance(v, tuple):
-                bounds, counts, total = v
-                stats[name] = HistogramSnapshot(tuple(bounds), tuple(counts), total)
-        return EngineMetrics(**stats)
+        return loop_metrics(core.stats(), bool(self._config_in.kv_sharing_fast_prefill))
 
     @property
     def num_unfinished_requests(self) -> int:
         """Requests not yet finished (what a draining shutdown waits for)."""
-        return len(self._requests)
+        return len(self._table.requests)
 
 
 __all__ = ["AsyncEngine", "RequestStream", "DEFAULT_MAX_CONSECUTIVE_STEP_FAILURES"]

@@ -100,6 +100,8 @@ class LoopRequest:
         c.stop_reason = f["stop_reason"]
         self.num_cached_tokens = max(self.num_cached_tokens, int(f["cached_tokens"]))
         self.metrics.num_generation_tokens += int(f["completion_tokens"])
+        self.metrics.num_preemptions += int(f["preemptions"])
+        self.metrics.num_cached_tokens = self.num_cached_tokens
         if f["error"] is not None and self.error is None:
             self.error = (f["error"], bool(f["engine_dead"]))
         if self.finished:

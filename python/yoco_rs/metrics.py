@@ -114,6 +114,19 @@ class EngineMetrics:
     iteration_tokens: HistogramSnapshot | None = None  # vllm:iteration_tokens_total
 
 
+def loop_metrics(stats: dict, fast_prefill: bool) -> EngineMetrics:
+    """A snapshot from a Rust step loop's figures (``_core.EngineLoop.stats()``: the same names, a
+    histogram as ``(bounds, per-bucket counts with +Inf last, sum)``). Without fast prefill every
+    scheduled token runs the cross-decoder, whatever rows the plan selected (the server's rule)."""
+    if not fast_prefill:
+        stats["cross_rows"] = stats["scheduled_tokens"]
+    for name, v in stats.items():
+        if isinstance(v, tuple):
+            bounds, counts, total = v
+            stats[name] = HistogramSnapshot(tuple(bounds), tuple(counts), total)
+    return EngineMetrics(**stats)
+
+
 class MetricsRecorder:
     """The engine's mutable metrics; ``snapshot()`` is safe from any thread."""
 

@@ -7,7 +7,7 @@ images / audio, so neither the event loop nor the step loop waits on that work.
 
 from __future__ import annotations
 
-from yoco_rs.grammar_state import GrammarState
+from yoco_rs.grammars import Grammars
 from yoco_rs.inputs import PromptType, process_prompt
 from yoco_rs.runtime import Runtime
 from yoco_rs.sampling_params import SamplingParams
@@ -16,7 +16,7 @@ from yoco_rs.sampling_params import SamplingParams
 class RequestPreparer:
     """Checks a request against the model's limits and resolves its prompt (tokens, media, grammar)."""
 
-    def __init__(self, rt: Runtime, grammars: GrammarState) -> None:
+    def __init__(self, rt: Runtime, grammars: Grammars) -> None:
         self._tok = rt.tokenizer
         self._vocab = rt.vocab_size
         self._max_model_len = rt.config.max_model_len

@@ -177,17 +177,15 @@ pub(crate) struct LoopSettings<'a> {
     pub async_scheduling: bool,
 }
 
-/// Starts a Rust step loop driving `executor`, with a copy of `scheduler`'s configuration (the
-/// Python scheduler itself is not stepped) and the KV-event publisher the runtime started on it
-/// (`--kv-events-config`), which moves to the loop that now makes the events. With `rt`, the loop's
-/// events are delivered by a task on that runtime.
-pub(crate) fn start_loop(
+/// The loop's configuration and executor over `executor`, with a copy of `scheduler`'s
+/// configuration (the Python scheduler itself is not stepped) and the KV-event publisher the
+/// runtime started on it (`--kv-events-config`), which moves to the loop that now makes the events.
+pub(crate) fn loop_parts(
     py: Python<'_>,
     scheduler: &Py<Scheduler>,
     executor: Py<PyAny>,
     s: &LoopSettings<'_>,
-    rt: Option<&tokio::runtime::Handle>,
-) -> PyResult<EngineHandle> {
+) -> (LoopConfig, Box<dyn Executor>) {
     let (config, num_groups, publisher) = {
         let mut sc = scheduler.borrow_mut(py);
         let publisher = sc.kv_publisher.take();
@@ -208,9 +206,22 @@ pub(crate) fn start_loop(
         async_scheduling: s.async_scheduling,
         kv_events: publisher.map(KvEventSink::new),
     };
+    (lc, Box::new(exec))
+}
+
+/// Starts a Rust step loop on its own thread driving `executor` ([`loop_parts`]). With `rt`, the
+/// loop's events are delivered by a task on that runtime.
+pub(crate) fn start_loop(
+    py: Python<'_>,
+    scheduler: &Py<Scheduler>,
+    executor: Py<PyAny>,
+    s: &LoopSettings<'_>,
+    rt: Option<&tokio::runtime::Handle>,
+) -> PyResult<EngineHandle> {
+    let (lc, exec) = loop_parts(py, scheduler, executor, s);
     match rt {
-        Some(rt) => EngineHandle::start_delivering_on(lc, Box::new(exec), rt),
-        None => EngineHandle::start(lc, Box::new(exec)),
+        Some(rt) => EngineHandle::start_delivering_on(lc, exec, rt),
+        None => EngineHandle::start(lc, exec),
     }
     .map_err(PyValueError::new_err)
 }

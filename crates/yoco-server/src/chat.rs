@@ -213,15 +213,18 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
     let inputs = chat_inputs(&s, &req).await?;
     s.front.observe_params(inputs.n, inputs.params.max_tokens);
     let mut subs = Vec::with_capacity(inputs.n as usize);
+    let mut first = None;
     for j in 0..inputs.n {
         let mut p = inputs.params.clone();
         if let (Some(seed), true) = (p.sampling.seed, j > 0) {
             p.sampling.seed = Some(seed.wrapping_add(j as u64));
         }
-        let (_, _, rx) = s
-            .engines
-            .submit(p)
-            .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
+        let (l, id, rx) = match first {
+            None => s.engines.submit(p),
+            Some(f) => s.engines.submit_sibling(f, p),
+        }
+        .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
+        first.get_or_insert((l, id));
         subs.push((j as usize, rx));
     }
     let ctx = ChatCtx {

@@ -71,15 +71,18 @@ async fn run(s: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Re
     }
     let mut subs = Vec::with_capacity(prompts.len() * n as usize);
     for (i, p) in params.iter().enumerate() {
+        let mut first = None;
         for j in 0..n {
             let mut p = p.clone();
             if let (Some(seed), true) = (p.sampling.seed, j > 0) {
                 p.sampling.seed = Some(seed.wrapping_add(j as u64));
             }
-            let (_, _, rx) = s
-                .engines
-                .submit(p)
-                .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
+            let (l, id, rx) = match first {
+                None => s.engines.submit(p),
+                Some(f) => s.engines.submit_sibling(f, p),
+            }
+            .map_err(|_| ApiError::engine_dead(s.engines.dead_error().as_deref()))?;
+            first.get_or_insert((l, id));
             subs.push((i * n as usize + j as usize, rx));
         }
     }

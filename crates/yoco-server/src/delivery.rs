@@ -57,7 +57,7 @@ impl StepLoop {
     /// Sends the outbox; a closed channel (client gone) aborts its request (here, or at the next
     /// `reap_closed` when a runtime task delivers).
     pub(crate) fn deliver(&mut self) {
-        if self.outbox.is_empty() {
+        if self.outbox.is_empty() || self.keep_outbox {
             return;
         }
         if let Some(d) = &self.delivery {

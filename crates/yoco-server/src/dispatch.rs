@@ -106,6 +106,26 @@ impl Engines {
         Ok((i, id, rx))
     }
 
+    /// Submits another completion of the prompt `first` (`(loop index, request id)` from
+    /// [`Engines::submit`]) runs: to the same loop, admitted once `first` has computed the prompt,
+    /// so its cached blocks serve every completion (an `n > 1` request prefills its prompt once).
+    pub fn submit_sibling(
+        &self,
+        first: (usize, u64),
+        mut params: GenParams,
+    ) -> Result<(usize, u64, UnboundedReceiver<Event>), SubmitError> {
+        let i = first.0;
+        params.after = Some(first.1);
+        self.submitted[i].fetch_add(1, Relaxed);
+        match self.loops[i].submit(params) {
+            Ok((id, rx)) => Ok((i, id, rx)),
+            Err(e) => {
+                self.submitted[i].fetch_sub(1, Relaxed);
+                Err(e)
+            }
+        }
+    }
+
     fn choose(&self, hashes: &[u64]) -> Option<usize> {
         let alive: Vec<usize> = (0..self.loops.len())
             .filter(|&i| !self.loops[i].stats().dead.load(Relaxed))

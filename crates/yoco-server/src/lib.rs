@@ -55,6 +55,7 @@ pub mod hist;
 pub mod kv_events;
 mod logprobs;
 mod logprobs_json;
+pub mod manual_loop;
 pub mod media;
 mod metrics;
 pub mod openai;
@@ -89,6 +90,7 @@ pub use executor::{
 };
 pub use handle::{EngineHandle, LoopConfig, SubmitError};
 pub use kv_events::KvEventSink;
+pub use manual_loop::{Aborter, ManualLoop, StepReport};
 pub use output::{Event, FinishReason, PromptLogprobs, RequestError, TokenLogprob};
 pub use params::GenParams;
 pub use signal::{shutdown_signal, stop_signal, StopSignal};

@@ -74,6 +74,8 @@ pub struct Finished {
     pub completion_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
+    /// Times the request lost its blocks to a preemption and was queued again (recomputed).
+    pub preemptions: u32,
     /// A failure the client should see (a failed step, a refused admission).
     pub error: Option<RequestError>,
 }
@@ -87,6 +89,25 @@ pub struct RequestError {
     /// stopping after it. Answered as the 503 `EngineDeadError` that a request arriving after the
     /// death gets (as the Python server answers both), not as a contained step failure's 500.
     pub engine_dead: bool,
+}
+
+impl Finished {
+    /// The end of a request refused before it ran (no tokens), with `error`.
+    pub fn refused(prompt_tokens: u32, error: RequestError) -> Self {
+        Self {
+            reason: FinishReason::Abort,
+            stop_reason: None,
+            text: String::new(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            prompt_logprobs: None,
+            prompt_tokens,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            preemptions: 0,
+            error: Some(error),
+        }
+    }
 }
 
 impl RequestError {

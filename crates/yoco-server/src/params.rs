@@ -80,6 +80,10 @@ pub struct GenParams {
     /// Images / audio of the prompt: their placeholder runs and processed items
     /// ([`crate::media`]); None for a text prompt.
     pub media: Option<MediaInputs>,
+    /// Admit only once request `after` (a sibling completion of the same prompt, submitted first)
+    /// has computed its whole prompt or ended, so the siblings reuse its cached prompt instead of
+    /// prefilling it `n` times side by side. None: no wait.
+    pub after: Option<u64>,
 }
 
 /// Everything off or empty except `detokenize` (text is decoded unless a caller opts out).
@@ -103,6 +107,7 @@ impl Default for GenParams {
             prompt_logprobs: None,
             grammar: None,
             media: None,
+            after: None,
         }
     }
 }

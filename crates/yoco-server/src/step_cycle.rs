@@ -87,7 +87,7 @@ impl StepLoop {
 
     /// Plans a step (ahead of the one in flight, or after everything was applied); `None` when
     /// the plan is empty.
-    fn plan(&mut self, ahead: bool) -> Option<StepPlan> {
+    pub(crate) fn plan(&mut self, ahead: bool) -> Option<StepPlan> {
         let empty = if ahead {
             self.sched.schedule_ahead().num_rows() == 0
         } else {
@@ -97,13 +97,18 @@ impl StepLoop {
     }
 
     /// Announces the plan's admissions and starts it.
-    fn launch(&mut self, plan: StepPlan) {
+    pub(crate) fn launch(&mut self, plan: StepPlan) {
         let t0 = Instant::now();
         if let Some(prev) = self.last_step.replace(t0) {
             self.stats.observe_step((t0 - prev).as_nanos() as u64);
         }
         if let Some(c) = self.collected_at.take() {
             self.stats.observe_gap((t0 - c).as_nanos() as u64);
+        }
+        for id in &plan.preempted_ids {
+            if let Some(l) = self.live.get_mut(id) {
+                l.preemptions += 1;
+            }
         }
         let mut resumed = Vec::new();
         for k in 0..plan.admitted_ids.len() {

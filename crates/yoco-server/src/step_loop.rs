@@ -72,6 +72,8 @@ pub(crate) struct Live {
     pub generated: u32,
     pub cached: u32,
     pub admitted: bool,
+    /// Preemptions so far.
+    pub preemptions: u32,
     pub stop: Vec<String>,
     pub times: RequestTimes,
     /// Sampled-token logprobs not yet delivered (non-streaming requests that asked).
@@ -133,6 +135,8 @@ pub(crate) struct StepLoop {
     pub(crate) delivery: Option<RuntimeDelivery>,
     /// The KV-event publisher, fed once per cycle in the forward's shadow.
     kv_events: Option<KvEventSink>,
+    /// Events stay in `outbox` for the owner to take (`ManualLoop`): `deliver` sends nothing.
+    pub(crate) keep_outbox: bool,
 }
 
 impl StepLoop {
@@ -167,6 +171,7 @@ impl StepLoop {
             collected_at: None,
             delivery: delivery.as_ref().map(RuntimeDelivery::spawn),
             kv_events: config.kv_events,
+            keep_outbox: false,
         })
     }
 
@@ -198,6 +203,12 @@ impl StepLoop {
                 break;
             }
         }
+        self.stop();
+    }
+
+    /// The loop's end: completes what is in flight, ends every live request, flushes the KV
+    /// events. Shut down, requests end as aborted; stopped by failures, they fail.
+    pub(crate) fn stop(&mut self) {
         self.stats.dead.store(true, Relaxed);
         // A step still in flight or collected is completed (its tokens are not lost to the
         // executor's state), then everything still live ends.
@@ -265,7 +276,13 @@ impl StepLoop {
         false
     }
 
-    fn add(&mut self, id: u64, p: GenParams, tx: UnboundedSender<Event>, arrival: Instant) {
+    pub(crate) fn add(
+        &mut self,
+        id: u64,
+        p: GenParams,
+        tx: UnboundedSender<Event>,
+        arrival: Instant,
+    ) {
         let opts = SeqOptions {
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str,
@@ -288,7 +305,7 @@ impl StepLoop {
                 lora: None,
             },
             prompt_logprobs: p.prompt_logprobs.is_some(),
-            after: None,
+            after: p.after,
         };
         // The front end validated the request against the same limits; a refusal here is a bug
         // or a race with a limit change, reported to the client rather than dropped.
@@ -316,18 +333,10 @@ impl StepLoop {
             },
         };
         if let Some(msg) = refused {
-            let _ = tx.send(Event::Finished(Finished {
-                reason: FinishReason::Abort,
-                stop_reason: None,
-                text: String::new(),
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-                prompt_logprobs: None,
+            let _ = tx.send(Event::Finished(Finished::refused(
                 prompt_tokens,
-                completion_tokens: 0,
-                cached_tokens: 0,
-                error: Some(RequestError::failed(msg)),
-            }));
+                RequestError::failed(msg),
+            )));
             return;
         }
         let prompt_logprobs = self.lps.add(id, &p);
@@ -341,6 +350,7 @@ impl StepLoop {
                 generated: 0,
                 cached: 0,
                 admitted: false,
+                preemptions: 0,
                 stop: p.stop,
                 times: RequestTimes::new(arrival),
                 logprobs: Vec::new(),
@@ -394,6 +404,7 @@ impl StepLoop {
                 prompt_tokens: l.prompt_tokens,
                 completion_tokens: l.generated,
                 cached_tokens: l.cached,
+                preemptions: l.preemptions,
                 error,
             }),
             Some(l.tx),

@@ -271,7 +271,11 @@ pub(crate) fn gen_params_for(
             prompt_param,
         ));
     }
-    let max_tokens = r.sampling.max_tokens.unwrap_or(room).min(d.max_tokens.unwrap_or(i64::MAX).max(1)) as u32;
+    let max_tokens = r
+        .sampling
+        .max_tokens
+        .unwrap_or(room)
+        .min(d.max_tokens.unwrap_or(i64::MAX).max(1)) as u32;
     let temperature = match r.sampling.temperature.or(d.temperature) {
         Some(t) if t < 0.0 => {
             return Err(ApiError::bad(
@@ -420,6 +424,7 @@ pub(crate) fn gen_params_for(
         prompt_logprobs,
         media: None,
         grammar: None,
+        after: None,
     })
 }
 

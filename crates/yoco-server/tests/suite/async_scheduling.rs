@@ -455,3 +455,37 @@ fn the_synchronous_loop_sends_a_steps_tokens_before_the_next_launch() {
         srv.wait_idle_and_empty();
     }
 }
+
+#[test]
+fn the_completions_of_an_n_request_prefill_its_prompt_once() {
+    // Each completion is its own sequence; the later ones wait until the first has computed the
+    // prompt, then reuse its cached blocks instead of prefilling the same tokens side by side.
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": vec![300; 70], "max_tokens": 3, "n": 3}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "the sea ".repeat(30)}],
+                   "max_tokens": 3, "n": 3}),
+        ),
+    ] {
+        let t = Trace::default();
+        let srv = server(false, &t);
+        let (status, v) = srv.json(path, &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"].as_array().unwrap().len(), 3);
+        let plans = t.lock().unwrap().clone();
+        assert_eq!(
+            plans[0].0.len(),
+            1,
+            "{path}: only the first completion prefills"
+        );
+        assert_eq!(
+            plans[1].0.len(),
+            3,
+            "{path}: the siblings join once the prompt is cached"
+        );
+    }
+}

@@ -464,8 +464,14 @@ fn generation_config_max_new_tokens_caps_every_request_s_max_tokens() {
     // Unset: the cap, not the context room. Larger: capped (vLLM takes the least). Smaller: kept.
     for (body, want) in [
         (r#"{"prompt": [2, 300, 301], "temperature": 0}"#, 5),
-        (r#"{"prompt": [2, 300, 301], "max_tokens": 40, "temperature": 0}"#, 5),
-        (r#"{"prompt": [2, 300, 301], "max_tokens": 3, "temperature": 0}"#, 3),
+        (
+            r#"{"prompt": [2, 300, 301], "max_tokens": 40, "temperature": 0}"#,
+            5,
+        ),
+        (
+            r#"{"prompt": [2, 300, 301], "max_tokens": 3, "temperature": 0}"#,
+            3,
+        ),
     ] {
         let (st, v) = s.json("/v1/completions", body);
         assert_eq!(st, 200, "{v}");

@@ -12,6 +12,7 @@ mod completions_http;
 mod data_parallel;
 mod lifecycle;
 mod logprobs_http;
+mod manual_loop;
 mod media_http;
 mod structured_http;
 mod tool_parsers;
