@@ -36,7 +36,7 @@ from yoco_rs.loop_requests import LoopRequests
 from yoco_rs.metrics import EngineMetrics, MetricsRecorder, loop_metrics
 from yoco_rs.outputs import RequestOutput
 from yoco_rs.runtime import resolve_model_dir
-from yoco_rs.sampling_params import RequestOutputKind, SamplingParams
+from yoco_rs.sampling_params import SamplingParams
 from yoco_rs.tokenizer import Tokenizer
 
 log = logging.getLogger("yoco_rs.engine")
