@@ -278,3 +278,21 @@ def test_without_fast_prefill_every_scheduled_token_counts_as_a_cross_decoder_ro
         assert m.scheduled_tokens == 7 + 8 and m.cross_rows == m.scheduled_tokens
     finally:
         e.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_content_format_probe_renders_within_the_callers_budget(engine):
+    # A template that never ends: with a budget, the "auto" content-format probe gives up at the budget
+    # (it would otherwise hang before the budgeted rendering even starts), and the rendering then fails.
+    import time
+
+    from yoco_rs.template_budget import TemplateBudget, TemplateBudgetExceeded
+
+    endless = ("{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}"
+               "{% endfor %}{% endfor %}{% endfor %}"
+               "{{ messages[0]['content'] }}")
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    t0 = time.monotonic()
+    with pytest.raises(TemplateBudgetExceeded):
+        engine.tokenizer.apply_chat_template(msgs, chat_template=endless, budget=TemplateBudget(seconds=0.2))
+    assert time.monotonic() - t0 < 5

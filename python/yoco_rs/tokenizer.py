@@ -143,7 +143,8 @@ class Tokenizer:
         if chat_template_content_format not in ("auto", "string", "openai"):
             raise ValueError("chat_template_content_format must be auto, string or openai, got "
                              f"{chat_template_content_format!r}")
-        fmt = content_format(template) if chat_template_content_format == "auto" else chat_template_content_format
+        fmt = (content_format(template, budget) if chat_template_content_format == "auto"
+               else chat_template_content_format)
         text = render(
             _compile(template), budget,
             messages=_with_content_format(messages, fmt),
@@ -160,30 +161,39 @@ class Tokenizer:
 
 
 _PROBE = "yoco content format probe 7f3a"
-_FORMATS: dict[str, str] = {}
 
 
-def content_format(template: str) -> str:
+def content_format(template: str, budget: Optional["TemplateBudget"] = None) -> str:
     """"openai" if ``template`` reads a list of text parts itself, else "string" (vLLM's
     ``--chat-template-content-format auto``). Decided as ``crates/yoco-server/src/content_format.rs``
     decides it: one user message rendered with its content as a string and as a one-part list; the same
-    output, holding the text, means the template loops over the parts."""
-    fmt = _FORMATS.get(template)
-    if fmt is None:
-        t = _compile(template)
+    output, holding the text, means the template loops over the parts. The probe renders under
+    ``budget`` (a template that runs past it reads "string", and is probed again next time); the answer
+    is kept with the compiled template."""
+    from yoco_rs.template_budget import TemplateBudgetExceeded, render
 
-        def render(content):
-            try:
-                return t.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True,
-                                bos_token="", eos_token="", pad_token="", unk_token="", tools=None, documents=None)
-            except Exception:  # noqa: BLE001 - a template that fails on either form reads strings
-                return None
+    t = _compile(template)
+    fmt = getattr(t, "yoco_content_format", None)
+    if fmt is not None:
+        return fmt
+    over = False
 
-        a, b = render(_PROBE), render([{"type": "text", "text": _PROBE}])
-        fmt = "openai" if a is not None and a == b and _PROBE in a else "string"
-        if len(_FORMATS) >= _MAX_TEMPLATES:
-            _FORMATS.pop(next(iter(_FORMATS)))
-        _FORMATS[template] = fmt
+    def probe(content):
+        nonlocal over
+        try:
+            return render(t, budget, messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+                          bos_token="", eos_token="", pad_token="", unk_token="", tools=None, documents=None)
+        except TemplateBudgetExceeded:
+            over = True
+            return None
+        except Exception:  # noqa: BLE001 - a template that fails on either form reads strings
+            return None
+
+    a = probe(_PROBE)
+    b = None if over else probe([{"type": "text", "text": _PROBE}])
+    fmt = "openai" if a is not None and a == b and _PROBE in a else "string"
+    if not over:
+        t.yoco_content_format = fmt
     return fmt
 
 
