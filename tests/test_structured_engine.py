@@ -209,6 +209,7 @@ def test_abort_mid_constrained_generation_frees_everything():
     finals = run_until_done(e)
     assert finals["ab"].outputs[0].finish_reason == "abort"
     assert e.get_num_unfinished_requests() == 0 and e._core.num_unfinished() == 0
+    e.check_invariants()  # the loop's grammar matchers, text and logprob tables hold no ended request
     assert_pool_drained(e)
 
 

@@ -116,7 +116,7 @@ class EngineLoop:
         """Manual loops: requests submitted and not yet ended."""
         ...
     def check_invariants(self) -> None:
-        """Manual loops: the scheduler's invariants (AssertionError)."""
+        """Manual loops: the scheduler's invariants and the loop's per-request tables (AssertionError)."""
         ...
     def reset_prefix_cache(self) -> bool:
         """Manual loops: drop every cached prefix; False while requests hold blocks."""

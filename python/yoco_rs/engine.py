@@ -322,7 +322,8 @@ class Engine:
         return self._core.take_kv_events()
 
     def check_invariants(self) -> None:
-        """The scheduler's structural invariants (tests; O(pool)). Raises AssertionError."""
+        """The scheduler's structural invariants, and no grammar matcher, text or logprob state left by
+        an ended request (tests; O(pool)). Raises AssertionError."""
         self._core.check_invariants()
 
     def close(self) -> None:

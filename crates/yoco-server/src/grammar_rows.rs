@@ -20,7 +20,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use yoco_core::sched::{StepOutcome, StepPlan};
 use yoco_grammar::{CompiledGrammar, MaskJob, MatcherTable, StepMasks};
 
@@ -203,6 +203,26 @@ impl GrammarRows {
     /// previous step's token of its row, on the host only after that step's update).
     pub(crate) fn any_constrained(&self) -> bool {
         self.table.as_ref().is_some_and(|t| !t.is_empty())
+    }
+
+    /// Every matcher and failed grammar belongs to a request in `live` (`check_invariants`: a
+    /// finished or aborted request leaves none behind).
+    pub(crate) fn check_live<V>(&self, live: &FxHashMap<u64, V>) -> Result<(), String> {
+        if let Some(t) = &self.table {
+            let held = live.keys().filter(|&&id| t.contains(id)).count();
+            if held != t.len() {
+                return Err(format!(
+                    "{} grammar matchers, {held} of them of live requests",
+                    t.len()
+                ));
+            }
+        }
+        match self.failed.iter().find(|id| !live.contains_key(id)) {
+            Some(id) => Err(format!(
+                "request {id} ended with its failed grammar still marked"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether any sequence's grammar failed and is not yet ended.

@@ -103,6 +103,21 @@ impl LogprobRows {
         self.owed.remove(&id);
     }
 
+    /// Every logprob request belongs to a request in `live` (`check_invariants`).
+    pub(crate) fn check_live<V>(&self, live: &FxHashMap<u64, V>) -> Result<(), String> {
+        let ended = self
+            .sample_k
+            .keys()
+            .chain(self.owed.keys())
+            .find(|id| !live.contains_key(id));
+        match ended {
+            Some(id) => Err(format!(
+                "request {id} ended with its logprob request still held"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// How many alternatives `id` asked per sampled token.
     pub(crate) fn sample_k(&self, id: u64) -> Option<u32> {
         if self.sample_k.is_empty() {

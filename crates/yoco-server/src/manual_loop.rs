@@ -152,9 +152,10 @@ impl ManualLoop {
         &self.state.stats
     }
 
-    /// The scheduler's structural invariants (tests; O(pool)).
+    /// The scheduler's structural invariants, and no text, grammar matcher or logprob request
+    /// left behind by an ended request (tests; O(pool)).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.state.sched.check_invariants()
+        self.state.check_invariants()
     }
 
     /// Drops every cached prefix; false while requests hold blocks.

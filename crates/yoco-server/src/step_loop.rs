@@ -422,6 +422,25 @@ impl StepLoop {
         }
     }
 
+    /// The scheduler's invariants, and every per-request table (text, grammar matchers, logprob
+    /// requests) holding only live requests: an ended request leaves nothing behind (tests; O(pool)).
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        self.sched.check_invariants()?;
+        let texts = self
+            .live
+            .keys()
+            .filter(|&&id| self.text.contains(id))
+            .count();
+        if texts != self.text.len() {
+            return Err(format!(
+                "{} text states, {texts} of them of live requests",
+                self.text.len()
+            ));
+        }
+        self.grammar.check_live(&self.live)?;
+        self.lps.check_live(&self.live)
+    }
+
     pub(crate) fn publish_gauges(&self) {
         let s = self.sched.stats();
         self.stats.running.store(s.num_running, Relaxed);

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use yoco_core::sched::SchedulerConfig;
+use yoco_grammar::{GrammarCompiler, GrammarKind, GrammarSpec};
+use yoco_server::params::Grammar;
 use yoco_server::{
     EngineHandle, Event, Executor, FinishReason, GenParams, LoopConfig, ManualLoop, MockModel,
 };
@@ -251,4 +253,47 @@ fn a_sibling_waits_for_the_first_completions_prompt_and_reuses_its_blocks() {
         64,
         "the parent's four full blocks of 16 are reused"
     );
+}
+
+#[test]
+fn an_aborted_constrained_request_leaves_no_matcher_text_or_logprob_state_behind() {
+    // check_invariants covers the loop's own per-request tables too: a request that ends by abort,
+    // mid-generation, with a grammar and logprobs, must leave none of them behind.
+    let tok = common::tokenizer();
+    let vocab = tok.get_vocab_size(true);
+    let json = tok.to_string(false).unwrap();
+    let comp =
+        GrammarCompiler::from_tokenizer_json(json.as_bytes(), vocab, &[1], Default::default())
+            .unwrap();
+    let spec = GrammarSpec::parse(GrammarKind::Regex, "[a-z]{40,60}").unwrap();
+    let grammar = Grammar {
+        compiled: comp.compile(&spec).unwrap(),
+        vocab_size: vocab,
+    };
+    let trace = Trace::default();
+    let mut m = ManualLoop::new(config(3), mock(&trace, |_| false)).unwrap();
+    let ask = |seed, stream| GenParams {
+        grammar: Some(grammar.clone()),
+        logprobs: Some(2),
+        prompt_logprobs: Some(1),
+        ignore_eos: false,
+        ..params(prompt(seed, 24), 50, stream)
+    };
+    let (a, b) = (m.submit(ask(1, true)), m.submit(ask(2, false)));
+    for _ in 0..3 {
+        m.step();
+        m.check_invariants().unwrap();
+    }
+    m.abort(a);
+    m.check_invariants().unwrap();
+    m.step();
+    m.abort(b);
+    m.check_invariants().unwrap();
+    assert_eq!(m.num_unfinished(), 0);
+    let aborted = m
+        .take_events()
+        .into_iter()
+        .filter(|(_, e)| matches!(e, Event::Finished(f) if f.reason == FinishReason::Abort))
+        .count();
+    assert_eq!(aborted, 2);
 }
